@@ -1,0 +1,143 @@
+"""Tool definitions and argument validation.
+
+Arguments are validated with ``jsonschema`` (Draft 2020-12) against the very schema
+that is sent to the model, so what the model is told and what is enforced can never
+drift apart. A validation failure becomes an ``is_error`` tool result, never an
+exception.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from agent.types import Category, ToolPolicy
+
+# Asked before an admin tool runs in an interactive run: (tool name, arguments) -> approved?
+ApprovalCallback = Callable[[str, dict[str, Any]], Awaitable[bool]]
+
+
+@dataclass(frozen=True)
+class ToolSettings:
+    """The safety limits every tool runs under (built by the daemon from ``security``)."""
+
+    workspace: Path
+    allowed_paths: tuple[Path, ...] = ()
+    denied_paths: tuple[Path, ...] = ()
+    timeout_s: float = 120.0
+    max_output_bytes: int = 204_800
+    env_allowlist: tuple[str, ...] = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TERM", "SHELL", "TMPDIR", "TZ")
+    max_read_bytes: int = 1_048_576
+
+
+@dataclass
+class ToolContext:
+    """Per-run facts a tool may need; ``extra`` carries collaborators (e.g. the cron store)."""
+
+    run_id: str
+    session_key: str
+    settings: ToolSettings
+    policy: ToolPolicy = field(default_factory=ToolPolicy)
+    chat: dict[str, str | None] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ToolOutput:
+    """A tool's answer to the model."""
+
+    content: str
+    is_error: bool = False
+
+
+class ToolError(Exception):
+    """Raised by a tool for an expected failure; its message goes to the model as-is."""
+
+
+class Tool(ABC):
+    """A callable capability offered to the model."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    category: Category = "read"
+
+    @abstractmethod
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        """Run the tool. Cancellation must stop everything the tool started."""
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI ``tools`` entry for this tool."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+class ToolRegistry:
+    """The set of tools offered to one run, with their compiled validators."""
+
+    def __init__(self, tools: Iterable[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        self._validators: dict[str, Draft202012Validator] = {}
+        for tool in tools:
+            self.register(tool)
+
+    def register(self, tool: Tool) -> None:
+        if tool.name in self._tools:
+            raise ValueError(f"tool {tool.name!r} is registered twice")
+        try:
+            Draft202012Validator.check_schema(tool.parameters)
+        except SchemaError as exc:
+            raise ValueError(f"tool {tool.name!r}: invalid parameters schema: {exc.message}") from exc
+        self._tools[tool.name] = tool
+        self._validators[tool.name] = Draft202012Validator(tool.parameters)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def subset(self, names: Iterable[str]) -> ToolRegistry:
+        """A registry with only the named tools (unknown names ignored)."""
+        return ToolRegistry(self._tools[n] for n in names if n in self._tools)
+
+    def schemas(self) -> list[dict[str, Any]]:
+        return [t.schema() for t in self._tools.values()]
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def parse_arguments(self, name: str, raw: str) -> dict[str, Any]:
+        """Decode and validate a call's arguments; raises ToolError with a message for the model."""
+        tool = self._tools.get(name)
+        if tool is None:
+            known = ", ".join(sorted(self._tools)) or "none"
+            raise ToolError(f"Error: unknown tool {name!r}. Available tools: {known}.")
+        try:
+            args = json.loads(raw) if raw and raw.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise ToolError(f"Error: arguments for {name!r} are not valid JSON ({exc.msg} at position {exc.pos}).") from exc
+        if not isinstance(args, dict):
+            raise ToolError(f"Error: arguments for {name!r} must be a JSON object, got {type(args).__name__}.")
+        errors = sorted(self._validators[name].iter_errors(args), key=lambda e: list(e.path))
+        if errors:
+            details = "; ".join(_describe(e) for e in errors[:5])
+            raise ToolError(f"Error: invalid arguments for {name!r}: {details}")
+        return args
+
+
+def _describe(error: Any) -> str:
+    where = "/".join(str(p) for p in error.path) or "(root)"
+    message = str(error.message)
+    if len(message) > 200:
+        message = message[:200] + "…"
+    return f"{where}: {message}"

@@ -1,0 +1,186 @@
+"""Core value types shared by the agent, the channels, the scheduler and the daemon.
+
+They are pydantic models so that they round-trip through Redis as JSON exactly.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Channel = Literal["telegram", "slack", "console", "cron", "heartbeat", "test"]
+RunKind = Literal["chat", "heartbeat", "cron"]
+PromptMode = Literal["full", "minimal"]
+Category = Literal["read", "write", "admin"]
+Role = Literal["system", "user", "assistant", "tool"]
+RunStatus = Literal["completed", "failed", "cancelled", "max_iterations"]
+EventType = Literal[
+    "run.started",
+    "chunk",
+    "reasoning",
+    "tool.call",
+    "tool.result",
+    "run.completed",
+    "run.failed",
+    "run.cancelled",
+]
+
+
+def new_id() -> str:
+    """A short random id for runs, approvals and jobs."""
+    return uuid.uuid4().hex[:16]
+
+
+class ToolPolicy(BaseModel):
+    """Which tool categories a run may use.
+
+    ``interactive`` runs (a person is in the chat) auto-approve read and write and ask
+    for approval before admin; ``scheduled`` runs (cron, heartbeat) allow read, and
+    write/admin only when listed in ``allow``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    context: Literal["interactive", "scheduled"] = "interactive"
+    allow: tuple[Category, ...] = ()
+
+
+class RunRequest(BaseModel):
+    """One unit of work for the gateway: a chat message, a heartbeat or a cron fire."""
+
+    run_id: str = Field(default_factory=new_id)
+    session_key: str
+    agent_id: str = "main"
+    channel: Channel
+    chat_id: str
+    thread_id: str | None = None
+    user_id: str = ""
+    user_name: str = ""
+    text: str
+    kind: RunKind = "chat"
+    prompt_mode: PromptMode = "full"
+    reply_to: str | None = None
+    tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
+    received_at: float = Field(default_factory=time.time)
+    dedupe_key: str | None = None
+    # Free-form adapter data the gateway hands back to the channel (e.g. Slack team id).
+    meta: dict[str, str] = Field(default_factory=dict)
+
+
+class ToolCall(BaseModel):
+    """A tool call as the model made it; ``arguments`` is the raw JSON string."""
+
+    id: str
+    name: str
+    arguments: str = ""
+
+
+class Message(BaseModel):
+    """A chat message in the OpenAI shape, plus ``is_error`` and ``reasoning``."""
+
+    role: Role
+    content: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    is_error: bool = False
+    reasoning: str | None = None
+    name: str | None = None
+
+    @classmethod
+    def system(cls, text: str) -> Message:
+        return cls(role="system", content=text)
+
+    @classmethod
+    def user(cls, text: str) -> Message:
+        return cls(role="user", content=text)
+
+    @classmethod
+    def assistant(cls, text: str | None, tool_calls: list[ToolCall] | None = None) -> Message:
+        return cls(role="assistant", content=text, tool_calls=tool_calls or None)
+
+    @classmethod
+    def tool(cls, tool_call_id: str, content: str, *, is_error: bool = False) -> Message:
+        return cls(role="tool", tool_call_id=tool_call_id, content=content, is_error=is_error)
+
+    def to_openai(self) -> dict[str, Any]:
+        """The wire form for chat.completions (reasoning and is_error stay local)."""
+        out: dict[str, Any] = {"role": self.role}
+        if self.role == "assistant":
+            out["content"] = self.content
+            if self.tool_calls:
+                out["tool_calls"] = [
+                    {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                    for c in self.tool_calls
+                ]
+        else:
+            out["content"] = self.content or ""
+        if self.role == "tool":
+            out["tool_call_id"] = self.tool_call_id or ""
+        if self.name and self.role == "user":
+            out["name"] = self.name
+        return out
+
+    @classmethod
+    def from_openai(cls, data: dict[str, Any]) -> Message:
+        """Build from the OpenAI chat form (as used by the shared cases)."""
+        calls = data.get("tool_calls")
+        return cls(
+            role=data["role"],
+            content=data.get("content"),
+            tool_calls=[
+                ToolCall(
+                    id=str(c.get("id", "")),
+                    name=str(c.get("function", {}).get("name", "")),
+                    arguments=str(c.get("function", {}).get("arguments", "")),
+                )
+                for c in calls
+            ]
+            if calls
+            else None,
+            tool_call_id=data.get("tool_call_id"),
+            is_error=bool(data.get("is_error", False)),
+            reasoning=data.get("reasoning"),
+            name=data.get("name"),
+        )
+
+
+class Usage(BaseModel):
+    """Token usage; ``estimated`` is true when the API reported none."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    estimated: bool = False
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            estimated=self.estimated or other.estimated,
+        )
+
+
+class AgentEvent(BaseModel):
+    """Something that happened during a run, streamed to the reply path and traces."""
+
+    type: EventType
+    run_id: str = ""
+    text: str = ""
+    tool_call: ToolCall | None = None
+    tool_result: Message | None = None
+    duration_ms: float | None = None
+    error: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunResult(BaseModel):
+    """What a run produced: the final text and every message it added to the session."""
+
+    text: str = ""
+    messages: list[Message] = Field(default_factory=list)
+    usage: Usage = Field(default_factory=Usage)
+    status: RunStatus = "completed"
+    error: str | None = None
+    iterations: int = 0

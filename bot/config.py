@@ -1,0 +1,339 @@
+"""The configuration model (DESIGN.md §4.2): YAML file, then environment overrides.
+
+Precedence, highest first: ``BOTD_<SECTION>__<KEY>`` variables, the plain names
+(``OPENAI_API_KEY``, ``TELEGRAM_BOT_TOKEN`` …), the YAML file, the defaults.
+A bad value raises :class:`ConfigError` naming the key; the CLI exits 2 on it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from scheduler.durations import parse_duration
+
+# Plain environment names honoured besides BOTD_…__… (name -> (section, key)).
+PLAIN_ENV: dict[str, tuple[str, str]] = {
+    "OPENAI_API_KEY": ("llm", "api_key"),
+    "OPENAI_BASE_URL": ("llm", "base_url"),
+    "TELEGRAM_BOT_TOKEN": ("telegram", "token"),
+    "SLACK_BOT_TOKEN": ("slack", "bot_token"),
+    "SLACK_APP_TOKEN": ("slack", "app_token"),
+    "SLACK_SIGNING_SECRET": ("slack", "signing_secret"),
+    "REDIS_URL": ("redis", "url"),
+}
+
+
+class ConfigError(Exception):
+    """A configuration problem, already phrased for the operator (names the key)."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class AgentConfig(_Section):
+    id: str = Field("main", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    workspace: Path = Path("./workspace")
+    max_iterations: int = Field(20, ge=1, le=200)
+    history_turns: int = Field(50, ge=1)
+    max_message_chars: int = Field(32768, ge=256)
+
+
+class LLMConfig(_Section):
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    model: str = "gpt-4o-mini"
+    context_window: int = Field(128000, ge=1024)
+    max_output_tokens: int = Field(4096, ge=1)
+    request_timeout_s: float = Field(120, gt=0)
+    max_retries: int = Field(3, ge=0, le=10)
+
+
+class RedisConfig(_Section):
+    url: str | None = None
+    prefix: str = Field("botd", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+class HTTPConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8080, ge=0, le=65535)
+    max_body_bytes: int = Field(1_048_576, ge=1024)
+
+
+class TelegramConfig(_Section):
+    enabled: bool = False
+    token: SecretStr | None = None
+    api_base_url: str | None = None
+    mode: Literal["polling", "webhook"] = "polling"
+    webhook_url: str | None = None
+    webhook_secret: SecretStr | None = None
+    webhook_path: str = "/telegram"
+    dm_policy: Literal["allowlist", "open"] = "allowlist"
+    allow_from: list[str] = Field(default_factory=list)
+    groups: list[str] = Field(default_factory=list)
+    require_mention: bool = True
+    stream_edit_interval_s: float = Field(1.0, ge=0.2)
+
+    @field_validator("allow_from", "groups", mode="before")
+    @classmethod
+    def _ids_as_strings(cls, value: Any) -> Any:
+        return _string_list(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> TelegramConfig:
+        if self.enabled and self.token is None:
+            raise ValueError("telegram.token is required when telegram.enabled is true")
+        if self.enabled and self.mode == "webhook" and not self.webhook_url:
+            raise ValueError("telegram.webhook_url is required in webhook mode")
+        return self
+
+
+class SlackConfig(_Section):
+    enabled: bool = False
+    bot_token: SecretStr | None = None
+    app_token: SecretStr | None = None
+    signing_secret: SecretStr | None = None
+    mode: Literal["socket", "http"] = "socket"
+    api_base_url: str | None = None
+    events_path: str = "/slack/events"
+    allow_from: list[str] = Field(default_factory=list)
+    channels: list[str] = Field(default_factory=list)
+    require_mention: bool = True
+
+    @field_validator("allow_from", "channels", mode="before")
+    @classmethod
+    def _ids_as_strings(cls, value: Any) -> Any:
+        return _string_list(value)
+
+    @model_validator(mode="after")
+    def _check(self) -> SlackConfig:
+        if not self.enabled:
+            return self
+        if self.bot_token is None:
+            raise ValueError("slack.bot_token is required when slack.enabled is true")
+        if self.mode == "socket" and self.app_token is None:
+            raise ValueError("slack.app_token is required in socket mode")
+        if self.mode == "http" and self.signing_secret is None:
+            raise ValueError("slack.signing_secret is required in http mode")
+        return self
+
+
+class GuardConfig(_Section):
+    action: str = "warn"
+
+    @field_validator("action")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        # An unknown action falls back to warn (DESIGN.md §5), it is not an error.
+        value = str(value).strip().lower()
+        return value if value in {"off", "log", "warn", "block"} else "warn"
+
+
+class QueueConfig(_Section):
+    mode: Literal["steer", "followup", "interrupt"] = "steer"
+    cap: int = Field(20, ge=1, le=1000)
+    debounce_ms: int = Field(500, ge=0, le=60000)
+
+
+class GatewayConfig(_Section):
+    max_concurrent_runs: int = Field(64, ge=1)
+    lock_ttl_s: float = Field(30, ge=2)
+    shutdown_grace_s: float = Field(30, ge=0)
+    approval_timeout_s: float = Field(300, gt=0)
+    run_timeout_s: float = Field(1800, gt=0)
+
+
+class SecurityConfig(_Section):
+    allowed_paths: list[Path] | None = None  # None: [<workspace>, /tmp/botd]
+    denied_paths: list[Path] = Field(
+        default_factory=lambda: [Path("~/.ssh"), Path("~/.gnupg"), Path("/etc/shadow"), Path("/etc/passwd")]
+    )
+    tool_timeout_s: float = Field(120, gt=0)
+    max_tool_output_bytes: int = Field(204800, ge=1024)
+    env_allowlist: list[str] = Field(
+        default_factory=lambda: ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TERM", "SHELL", "TMPDIR", "TZ"]
+    )
+    cli_tools_file: Path | None = None
+
+
+class TargetConfig(_Section):
+    channel: Literal["telegram", "slack", "console"] | None = None
+    chat_id: str | None = None
+    thread_id: str | None = None
+
+    @field_validator("chat_id", "thread_id", mode="before")
+    @classmethod
+    def _as_string(cls, value: Any) -> Any:
+        return None if value is None else str(value)
+
+
+class HeartbeatConfig(_Section):
+    enabled: bool = False
+    every: str = "30m"
+    active_hours: str | None = None
+    timezone: str = "UTC"
+    target: TargetConfig = Field(default_factory=TargetConfig)
+    prompt: str | None = None
+
+    @field_validator("every")
+    @classmethod
+    def _every(cls, value: str) -> str:
+        if parse_duration(value) < 300:
+            raise ValueError("must be at least 5m")
+        return value
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, value: str) -> str:
+        return _check_timezone(value)
+
+    @field_validator("active_hours")
+    @classmethod
+    def _hours(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        import re
+
+        if not re.fullmatch(r"([01]\d|2[0-4]):[0-5]\d-([01]\d|2[0-4]):[0-5]\d", value.strip()):
+            raise ValueError('must look like "09:00-22:00"')
+        return value.strip()
+
+
+class SchedulerConfig(_Section):
+    timezone: str = "UTC"
+    catch_up: Literal["once", "skip"] = "once"
+
+    @field_validator("timezone")
+    @classmethod
+    def _tz(cls, value: str) -> str:
+        return _check_timezone(value)
+
+
+class LogConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["json", "console"] = "json"
+
+
+class BotdConfig(BaseSettings):
+    """The whole configuration."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BOTD_", env_nested_delimiter="__", extra="forbid", case_sensitive=False
+    )
+
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    redis: RedisConfig = Field(default_factory=RedisConfig)
+    http: HTTPConfig = Field(default_factory=HTTPConfig)
+    telegram: TelegramConfig = Field(default_factory=TelegramConfig)
+    slack: SlackConfig = Field(default_factory=SlackConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    queue: QueueConfig = Field(default_factory=QueueConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
+    security: SecurityConfig = Field(default_factory=SecurityConfig)
+    heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # init carries the merged YAML + plain env names (see load_config); BOTD_ env wins.
+        return (env_settings, init_settings)
+
+    @property
+    def workspace(self) -> Path:
+        return self.agent.workspace.expanduser().resolve()
+
+    def allowed_paths(self) -> list[Path]:
+        if self.security.allowed_paths is None:
+            return [self.workspace, Path("/tmp/botd")]
+        return [p.expanduser() for p in self.security.allowed_paths]
+
+
+def _string_list(value: Any) -> Any:
+    if isinstance(value, str):
+        value = [v for v in (s.strip() for s in value.split(",")) if v]
+    if isinstance(value, list):
+        return [str(v) for v in value]
+    return value
+
+
+def _check_timezone(value: str) -> str:
+    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+    try:
+        ZoneInfo(value)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise ValueError(f"unknown IANA timezone {value!r}") from exc
+    return value
+
+
+def config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
+    """``--config``, else ``$BOTD_CONFIG``, else ``./botd.yaml`` when present."""
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get("BOTD_CONFIG")
+    if env:
+        return Path(env)
+    default = Path("botd.yaml")
+    return default if default.is_file() else None
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
+    """Read the config; raises ConfigError naming the key on any bad value."""
+    resolved = config_path(path)
+    data: dict[str, Any] = {}
+    if resolved is not None:
+        try:
+            loaded = yaml.safe_load(resolved.read_text(encoding="utf-8"))
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {resolved}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {resolved} is not valid YAML: {exc}") from exc
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {resolved} must be a mapping of sections")
+        data = loaded
+    for env_name, (section, key) in PLAIN_ENV.items():
+        value = os.environ.get(env_name)
+        if value:
+            sect = data.setdefault(section, {})
+            if not isinstance(sect, dict):
+                raise ConfigError(f"{section}: must be a mapping")
+            sect[key] = value
+    try:
+        return BotdConfig(**data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc)) from None
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    """One line per problem, each naming the dotted key (never echoing secret values)."""
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"] if p not in ("function-after",)) or "(config)"
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"config error: {loc}: {msg}")
+    return "\n".join(lines)

@@ -1,0 +1,119 @@
+"""The contract between the daemon and a chat adapter (Telegram, Slack, console).
+
+Adapters only normalize inbound traffic into :class:`RunRequest` and ``submit()`` it;
+they never wait for a run. Outbound, the gateway drives a :class:`ReplyStream` per run
+and decides what is delivered (after sanitizing and the silent-reply checks), so an
+adapter never sees NO_REPLY or HEARTBEAT_OK text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from aiohttp import web
+
+from agent.types import RunRequest
+
+Scope = Literal["dm", "group", "channel"]
+ThreadKind = Literal["thread", "topic"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a reply goes: a chat, optionally a thread/topic, optionally as a reply to a message."""
+
+    channel: str
+    chat_id: str
+    thread_id: str | None = None
+    reply_to: str | None = None
+    user_id: str | None = None
+    meta: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, req: RunRequest) -> Target:
+        return cls(
+            channel=req.channel,
+            chat_id=req.chat_id,
+            thread_id=req.thread_id,
+            reply_to=req.reply_to,
+            user_id=req.user_id or None,
+            meta=dict(req.meta),
+        )
+
+
+@dataclass
+class SubmitResult:
+    """What became of a submitted request."""
+
+    status: Literal["queued", "duplicate", "command", "denied", "dropped", "error"]
+    detail: str = ""
+
+
+class SubmitFn(Protocol):
+    async def __call__(self, request: RunRequest) -> SubmitResult: ...
+
+
+class SessionKeyFn(Protocol):
+    def __call__(
+        self, scope: Scope, chat_id: str, *, thread: str | None = None, topic: str | None = None
+    ) -> str: ...
+
+
+class KeyValue(Protocol):
+    """The slice of the shared store an adapter may use (keys are namespaced by the daemon)."""
+
+    async def set_nx(self, key: str, value: str, ttl_s: float) -> bool: ...
+    async def get(self, key: str) -> str | None: ...
+    async def set(self, key: str, value: str, ttl_s: float | None = None) -> None: ...
+    async def delete(self, key: str) -> None: ...
+    async def extend_if_owner(self, key: str, value: str, ttl_s: float) -> bool: ...
+
+
+RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass
+class ChannelContext:
+    """Everything an adapter gets from the daemon when it starts."""
+
+    submit: SubmitFn
+    session_key: SessionKeyFn
+    kv: KeyValue
+    add_route: Callable[[str, str, RouteHandler], None]
+    replica_id: str
+    commands: tuple[tuple[str, str], ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class ReplyStream(Protocol):
+    """The live reply of one run in one chat.
+
+    ``preview`` receives sanitized text-so-far and throttles itself; ``deliver`` sends
+    (or, for part 0, finalizes the preview into) one formatted part and returns the
+    platform message id; ``discard`` removes any preview; ``close`` stops typing
+    indicators and reactions. All methods must be safe to call in any order and more
+    than once.
+    """
+
+    async def start(self) -> None: ...
+    async def preview(self, text: str) -> None: ...
+    async def deliver(self, index: int, part: str) -> str | None: ...
+    async def discard(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ChannelAdapter(Protocol):
+    """One chat platform."""
+
+    name: str
+
+    async def start(self, ctx: ChannelContext) -> None: ...
+    async def stop(self) -> None: ...
+    def is_ready(self) -> bool: ...
+    def format_parts(self, markdown: str) -> list[str]: ...
+    def open_stream(self, target: Target, run_id: str) -> ReplyStream: ...
+    async def send_text(self, target: Target, text: str) -> str | None: ...
+    async def ask_approval(self, target: Target, approval_id: str, summary: str) -> None: ...
