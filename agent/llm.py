@@ -1,0 +1,291 @@
+"""The OpenAI-compatible chat model: streaming, bounded retries, a deadline, clean cancellation.
+
+The ``openai`` package does the HTTP and SSE work; its own retries are off so that
+ours are bounded and visible: only failures *before* the response starts
+(429, 408/409, 5xx, connection errors) are retried, with exponential backoff or the
+server's Retry-After (capped), and never past the call's deadline. Once the stream has
+started a failure is final, since deltas may already have reached the chat.
+Cancelling the calling task closes the HTTP response, so the server sees the client go.
+
+The contract types live in ``agent.llm_types`` and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import random
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+import openai
+import structlog
+
+from agent.llm_stream import StreamAssembler
+from agent.llm_types import (
+    ChatModel,
+    DeltaCallback,
+    LLMError,
+    LLMResponse,
+    StreamDelta,
+    estimate_text_tokens,
+    estimate_tokens,
+)
+from agent.types import Message
+
+__all__ = [
+    "ChatModel",
+    "DeltaCallback",
+    "LLMClient",
+    "LLMError",
+    "LLMResponse",
+    "RetryInfo",
+    "StreamDelta",
+    "estimate_text_tokens",
+    "estimate_tokens",
+]
+
+log = structlog.get_logger(__name__)
+
+_RETRY_STATUSES = frozenset({408, 409, 429})
+_KEY_PATTERN = re.compile(r"\b(sk|xox[abpe]|Bearer)[- ][A-Za-z0-9_\-*.]{6,}")
+_MAX_DETAIL_CHARS = 200
+
+
+@dataclass(frozen=True, slots=True)
+class RetryInfo:
+    """One retry about to happen: after ``attempt`` failed with ``error``, wait ``wait_s``."""
+
+    attempt: int
+    wait_s: float
+    error: LLMError
+
+
+class LLMClient:
+    """A ``ChatModel`` for any OpenAI-compatible ``/chat/completions`` endpoint.
+
+    ``base_url`` None means the OpenAI API itself (which needs an ``api_key``); other
+    servers get a placeholder key when none is configured. The output cap is sent as
+    ``max_completion_tokens`` to the OpenAI API and as ``max_tokens`` elsewhere, the
+    name most compatible servers understand.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_output_tokens: int = 4096,
+        request_timeout_s: float = 120.0,
+        max_retries: int = 3,
+        retry_base_s: float = 0.5,
+        retry_cap_s: float = 30.0,
+        on_retry: Callable[[RetryInfo], None] | None = None,
+    ) -> None:
+        if not api_key and base_url is None:
+            raise ValueError("llm.api_key (or OPENAI_API_KEY) is required when llm.base_url is not set")
+        if request_timeout_s <= 0 or max_retries < 0 or max_output_tokens < 1:
+            raise ValueError("request_timeout_s must be > 0, max_retries >= 0 and max_output_tokens >= 1")
+        self.model = model
+        self.max_output_tokens = max_output_tokens
+        self.request_timeout_s = request_timeout_s
+        self.max_retries = max_retries
+        self.retry_base_s = retry_base_s
+        self.retry_cap_s = retry_cap_s
+        self.on_retry = on_retry
+        self._secret = api_key or ""
+        official = base_url is None or urlparse(base_url).hostname == "api.openai.com"
+        self._max_tokens_field = "max_completion_tokens" if official else "max_tokens"
+        self._client = openai.AsyncOpenAI(
+            api_key=api_key or "no-key",
+            base_url=base_url,
+            max_retries=0,
+            timeout=request_timeout_s,
+        )
+
+    async def aclose(self) -> None:
+        """Release the HTTP connection pool."""
+        await self._client.close()
+
+    async def complete(
+        self,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        on_delta: DeltaCallback | None = None,
+    ) -> LLMResponse:
+        """Stream one answer; raises ``LLMError`` (after retries) or ``CancelledError``."""
+        deadline = time.monotonic() + self.request_timeout_s
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                return await self._complete(messages, tools, on_delta, deadline)
+        except TimeoutError:
+            raise LLMError(
+                f"The language model did not finish within {self.request_timeout_s:g} s.",
+                kind="timeout",
+                retryable=True,
+            ) from None
+
+    async def _complete(
+        self,
+        messages: Sequence[Message],
+        tools: list[dict[str, Any]] | None,
+        on_delta: DeltaCallback | None,
+        deadline: float,
+    ) -> LLMResponse:
+        request = self._request(messages, tools)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                stream = await self._client.chat.completions.create(**request)
+                break
+            except openai.APIError as exc:
+                error = self._error(exc)
+                wait = self._wait_before_retry(attempt, exc, error, deadline)
+                if wait is None:
+                    log.warning("llm.failed", model=self.model, attempt=attempt, kind=error.kind, status=error.status)
+                    raise error from None
+            log.info("llm.retry", model=self.model, attempt=attempt, kind=error.kind, status=error.status, wait_s=wait)
+            if self.on_retry is not None:
+                self.on_retry(RetryInfo(attempt=attempt, wait_s=wait, error=error))
+            await asyncio.sleep(wait)
+
+        assembler = StreamAssembler()
+        async with stream:  # closes the HTTP response on every exit, cancellation included
+            chunks = stream.__aiter__()
+            while True:
+                try:
+                    chunk = await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                except openai.APIError as exc:
+                    detail = self._detail(exc)
+                    raise LLMError(
+                        "The language model stream failed midway" + (f": {detail}" if detail else "."),
+                        kind="stream",
+                        retryable=True,
+                    ) from None
+                except ValueError:  # an SSE event whose data is not JSON
+                    raise LLMError(
+                        "The language model sent a malformed stream.", kind="protocol", retryable=True
+                    ) from None
+                for delta in assembler.feed(chunk):
+                    if on_delta is not None:
+                        await on_delta(delta)
+        response = assembler.response(messages, attempts=attempt)
+        response.model = response.model or self.model
+        return response
+
+    def _request(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        request: dict[str, Any] = {
+            "model": self.model,
+            "messages": [m.to_openai() for m in messages],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            self._max_tokens_field: self.max_output_tokens,
+        }
+        if tools:
+            request["tools"] = tools
+        return request
+
+    def _wait_before_retry(
+        self, attempt: int, exc: openai.APIError, error: LLMError, deadline: float
+    ) -> float | None:
+        """Seconds to wait before the next attempt, or None when there must be none."""
+        if not error.retryable or attempt > self.max_retries:
+            return None
+        hinted = retry_after_s(exc)
+        if hinted is not None:
+            wait = min(hinted, self.retry_cap_s)
+        else:
+            wait = min(self.retry_cap_s, self.retry_base_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+        if time.monotonic() + wait >= deadline:
+            return None
+        return wait
+
+    def _error(self, exc: openai.APIError) -> LLMError:
+        """A user-safe ``LLMError`` for a failure before the stream started."""
+        if isinstance(exc, openai.APITimeoutError):
+            return LLMError("The language model request timed out.", kind="timeout", retryable=True)
+        if isinstance(exc, openai.APIConnectionError):
+            return LLMError("Could not reach the language model service.", kind="connection", retryable=True)
+        status = getattr(exc, "status_code", None)
+        if not isinstance(status, int):
+            return LLMError("The language model sent an unexpected response.", kind="protocol", retryable=True)
+        if status == 429:
+            return LLMError(
+                "The language model is rate-limited (HTTP 429); try again shortly.",
+                kind="rate_limit", retryable=True, status=status,
+            )
+        if status >= 500 or status in _RETRY_STATUSES:
+            return LLMError(
+                f"The language model service had an error (HTTP {status}).", kind="server", retryable=True, status=status
+            )
+        if status in (401, 403):
+            return LLMError(
+                f"The language model refused the credentials (HTTP {status}); check llm.api_key.",
+                kind="auth", retryable=False, status=status,
+            )
+        if status == 404:
+            return LLMError(
+                "The language model endpoint or model was not found (HTTP 404); check llm.base_url and llm.model.",
+                kind="not_found", retryable=False, status=status,
+            )
+        detail = self._detail(exc)
+        return LLMError(
+            f"The language model rejected the request (HTTP {status})" + (f": {detail}" if detail else "."),
+            kind="bad_request", retryable=False, status=status,
+        )
+
+    def _detail(self, exc: openai.APIError) -> str:
+        """The server's own error message, shortened and with anything key-like masked."""
+        body = exc.body
+        message: Any = None
+        if isinstance(body, dict):
+            inner = body.get("error")
+            message = inner.get("message") if isinstance(inner, dict) else body.get("message")
+        elif isinstance(body, str):
+            message = body
+        if not isinstance(message, str) or not message.strip():
+            return ""
+        return redact(message.strip(), self._secret)[:_MAX_DETAIL_CHARS]
+
+
+def redact(text: str, secret: str = "") -> str:
+    """Mask ``secret`` and anything shaped like an API key or token."""
+    if secret:
+        text = text.replace(secret, "***")
+    return _KEY_PATTERN.sub(lambda m: m.group(1) + "-***", text)
+
+
+def retry_after_s(exc: openai.APIError) -> float | None:
+    """The server's requested wait (``retry-after-ms``, ``retry-after`` seconds or HTTP date)."""
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None)
+    if headers is None:
+        return None
+    raw_ms = headers.get("retry-after-ms")
+    if raw_ms:
+        try:
+            value = float(raw_ms) / 1000
+            return value if value >= 0 else None
+        except ValueError:
+            pass
+    raw = headers.get("retry-after")
+    if not raw:
+        return None
+    try:
+        value = float(raw)
+        return value if value >= 0 else None
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(raw)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())

@@ -1,0 +1,165 @@
+"""Assembling a streamed chat completion into text, reasoning and tool calls.
+
+Providers differ in small ways: tool-call deltas usually carry an ``index`` but some
+omit it (a delta without one continues the last call unless it brings a new id),
+some restart the index for every call, and reasoning arrives under different names
+(``reasoning_content``, ``reasoning``, ``thinking``, …) as extra fields of the delta.
+This module absorbs those differences so the client and the loop see one shape.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent.llm_types import LLMResponse, StreamDelta, estimate_text_tokens, estimate_tokens
+from agent.types import Message, ToolCall, Usage
+
+# Checked in this order; only the first non-empty one of a delta is used, because some
+# servers send the same text under two names.
+REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_text")
+
+
+@dataclass
+class _CallParts:
+    id: str = ""
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+
+
+class StreamAssembler:
+    """Feed it chunks (``openai`` ChatCompletionChunk objects or plain dicts); read ``response()``."""
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self._reasoning: list[str] = []
+        self._calls: list[_CallParts] = []
+        self._by_index: dict[int, _CallParts] = {}
+        self._usage: Any = None
+        self.finish_reason: str | None = None
+        self.model = ""
+        self.chunks = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    @property
+    def reasoning(self) -> str:
+        return "".join(self._reasoning)
+
+    def feed(self, chunk: Any) -> list[StreamDelta]:
+        """Take one chunk; return the visible deltas it carried, in order."""
+        self.chunks += 1
+        self.model = _get(chunk, "model") or self.model
+        usage = _get(chunk, "usage")
+        if usage is not None:
+            self._usage = usage
+        deltas: list[StreamDelta] = []
+        for choice in _get(chunk, "choices") or ():
+            if (_get(choice, "index") or 0) != 0:
+                continue
+            finish = _get(choice, "finish_reason")
+            if finish:
+                self.finish_reason = str(finish)
+            delta = _get(choice, "delta")
+            if delta is None:
+                continue
+            reasoning = _reasoning_of(delta)
+            if reasoning:
+                self._reasoning.append(reasoning)
+                deltas.append(StreamDelta("reasoning", reasoning))
+            for key in ("content", "refusal"):
+                piece = _get(delta, key)
+                if isinstance(piece, str) and piece:
+                    self._text.append(piece)
+                    deltas.append(StreamDelta("text", piece))
+            for call_delta in _get(delta, "tool_calls") or ():
+                self._feed_call(call_delta)
+        return deltas
+
+    def _feed_call(self, delta: Any) -> None:
+        index = _get(delta, "index")
+        call_id = _get(delta, "id") or ""
+        function = _get(delta, "function")
+        name = (_get(function, "name") or "") if function is not None else ""
+        arguments = (_get(function, "arguments") or "") if function is not None else ""
+        parts = self._target(index if isinstance(index, int) else None, call_id)
+        if call_id and not parts.id:
+            parts.id = call_id
+        if name and name != parts.name:
+            parts.name = name if not parts.name else parts.name + name
+        if arguments:
+            parts.arguments.append(arguments)
+
+    def _target(self, index: int | None, call_id: str) -> _CallParts:
+        """The call a delta belongs to, starting a new one where the delta says so."""
+        last = self._calls[-1] if self._calls else None
+        if index is None:
+            if last is not None and not (call_id and last.id and call_id != last.id):
+                return last
+        else:
+            known = self._by_index.get(index)
+            if known is not None and not (call_id and known.id and call_id != known.id):
+                return known
+        parts = _CallParts()
+        self._calls.append(parts)
+        if index is not None:
+            self._by_index[index] = parts
+        return parts
+
+    def tool_calls(self) -> list[ToolCall]:
+        """The finished calls; a call without an id gets one so results can pair with it."""
+        out: list[ToolCall] = []
+        for parts in self._calls:
+            arguments = "".join(parts.arguments)
+            if not parts.name and not arguments:
+                continue
+            out.append(ToolCall(id=parts.id or f"call_{uuid.uuid4().hex[:24]}", name=parts.name, arguments=arguments))
+        return out
+
+    def usage(self, prompt: Sequence[Message]) -> Usage:
+        """The API's usage when it sent one, else the estimate (4 chars/token + 16/message)."""
+        prompt_tokens = _get(self._usage, "prompt_tokens") if self._usage is not None else None
+        completion_tokens = _get(self._usage, "completion_tokens") if self._usage is not None else None
+        if isinstance(prompt_tokens, int) and isinstance(completion_tokens, int):
+            return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+        produced = self.text + self.reasoning + "".join(c.name + c.arguments for c in self.tool_calls())
+        return Usage(
+            prompt_tokens=estimate_tokens(prompt), completion_tokens=estimate_text_tokens(produced), estimated=True
+        )
+
+    def response(self, prompt: Sequence[Message], *, attempts: int = 1) -> LLMResponse:
+        return LLMResponse(
+            text=self.text,
+            reasoning=self.reasoning,
+            tool_calls=self.tool_calls(),
+            usage=self.usage(prompt),
+            finish_reason=self.finish_reason,
+            model=self.model,
+            attempts=attempts,
+        )
+
+
+def _get(obj: Any, key: str) -> Any:
+    """A field of a dict or of an ``openai`` model (missing fields read as None)."""
+    if obj is None:
+        return None
+    if isinstance(obj, dict):
+        return obj.get(key)
+    value = getattr(obj, key, None)
+    if value is None:
+        extra = getattr(obj, "model_extra", None)
+        if isinstance(extra, dict):
+            value = extra.get(key)
+    return value
+
+
+def _reasoning_of(delta: Any) -> str:
+    for key in REASONING_FIELDS:
+        value = _get(delta, key)
+        if isinstance(value, str) and value:
+            return value
+    return ""

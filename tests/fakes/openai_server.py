@@ -1,0 +1,629 @@
+"""A fake OpenAI-compatible chat-completions server (aiohttp), for tests and benchmarks.
+
+It speaks the real wire format, so the official ``openai`` client (and anything
+built on it) runs against it unchanged:
+
+* ``POST /v1/chat/completions`` — streaming (``"stream": true``: Server-Sent Events,
+  ``data: {chat.completion.chunk}\\n\\n`` … ``data: [DONE]\\n\\n``; a final usage chunk
+  with ``"choices": []`` when ``stream_options.include_usage`` is set) and
+  non-streaming (one ``chat.completion`` JSON object).
+* ``GET /v1/models`` — the model list (for health checks).
+
+In-process use (binds 127.0.0.1 on a free port)::
+
+    from tests.fakes.openai_server import Call, FakeOpenAI, Reply
+
+    async with FakeOpenAI() as fake:
+        fake.script(
+            Reply.tool_calls([Call("add", {"a": 1, "b": 2})]),   # first request
+            Reply.text("The sum is 3."),                        # second request
+        )
+        client = AsyncOpenAI(base_url=fake.base_url, api_key="test")
+        ...
+        assert fake.requests[1]["messages"][-1]["role"] == "tool"
+        await fake.disconnects.wait(1)        # a client hung up mid-reply
+
+Replies are taken from the FIFO script; when it is empty the *responder* answers
+(a callable receiving the request JSON and returning a ``Reply``, sync or async;
+the default echoes the text of the last user message).
+
+Reply kinds (all are ``Reply`` instances; keyword arguments combine freely):
+
+* ``Reply.text("hi", reasoning="…", usage=False, chunk_chars=4)`` — text in small
+  content chunks; ``reasoning`` is streamed first in ``reasoning_field``
+  (default ``reasoning_content``); ``usage`` True (computed, sent when asked for),
+  False (never sent) or an explicit dict.
+* ``Reply.tool_calls([Call("name", {"x": 1}), ("other", '{"raw": ')], text="")`` —
+  each call streamed as name first, then its arguments in pieces;
+  ``omit_tool_index=True`` leaves ``index`` out of every tool-call delta.
+* ``Reply.error(429, retry_after=2)`` — an HTTP error before any byte of a body.
+* ``Reply.disconnect(after_chunks=2)`` — the connection is dropped mid-stream.
+* ``Reply.garbage(after_chunks=1)`` — an unparsable ``data:`` line mid-stream.
+* ``Reply.stream_error(after_chunks=1)`` — an in-stream ``{"error": …}`` event (what
+  OpenAI sends when a server error happens after the 200 headers), then the end.
+* ``first_byte_delay_s`` / ``chunk_delay_s`` on any reply override the server's
+  ``latency_s`` (before the first byte) and ``chunk_delay_s`` (between chunks).
+
+Recording: ``fake.requests`` (every request body, in order), ``fake.request_headers``,
+``fake.disconnects`` (an ``EventCounter``: ``.count`` and ``await .wait(n)``; counts
+clients that hung up before the reply was complete), ``await fake.wait_for_requests(n)``.
+
+HTTP control API (for subprocess tests and bench scripts):
+
+* ``POST /_fake/script`` — body ``{"replies": [reply, …]}`` (or a bare list); a reply is
+  a JSON object of ``Reply`` fields, e.g. ``{"text": "hi"}``,
+  ``{"tool_calls": [{"name": "add", "arguments": {"a": 1}}]}``, ``{"status": 500}``.
+* ``GET /_fake/requests`` — ``{"requests": […], "disconnects": n, "pending": k}``.
+* ``POST /_fake/reset`` — clears the script, the recordings and the counters.
+* ``POST /_fake/config`` — ``{"latency_ms": 200, "chunk_delay_ms": 5}``.
+
+Command line: ``python -m tests.fakes.openai_server --port 0 --latency-ms 200``
+prints ``listening on http://127.0.0.1:PORT/v1`` once ready and serves until
+SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import json
+import math
+import signal
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+Responder = Callable[[dict[str, Any]], "Reply | Awaitable[Reply]"]
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    429: "rate_limit_exceeded",
+}
+
+
+@dataclass
+class Call:
+    """One tool call the fake model makes; ``arguments`` as a dict (JSON-encoded) or a raw string."""
+
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)
+    id: str | None = None
+
+    def raw_arguments(self) -> str:
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
+
+
+@dataclass
+class Reply:
+    """One scripted answer of the fake model (see the module docstring for the kinds).
+
+    Build one with the factories (``Reply.text``, ``Reply.tool_calls``, ``Reply.error``,
+    ``Reply.disconnect``, ``Reply.garbage``, ``Reply.stream_error``); the fields hold
+    the assistant ``content`` and tool ``calls`` plus timing and fault settings.
+    """
+
+    content: str = ""
+    calls: list[Call] = field(default_factory=list)
+    reasoning: str = ""
+    reasoning_field: str = "reasoning_content"
+    usage: bool | dict[str, int] = True
+    finish_reason: str | None = None
+    chunk_chars: int = 4
+    omit_tool_index: bool = False
+    status: int = 200
+    retry_after: float | str | None = None
+    body: Any = None
+    disconnect_after: int | None = None
+    garbage_after: int | None = None
+    stream_error_after: int | None = None
+    first_byte_delay_s: float | None = None
+    chunk_delay_s: float | None = None
+    model: str | None = None
+
+    @classmethod
+    def text(cls, text: str, **kw: Any) -> Reply:
+        """A text answer, streamed in ``chunk_chars`` pieces."""
+        return cls(content=text, **kw)
+
+    @classmethod
+    def tool_calls(cls, calls: Iterable[Call | tuple[str, Any]], text: str = "", **kw: Any) -> Reply:
+        """Tool calls (``Call`` or ``(name, arguments)``), optionally after some text."""
+        return cls(content=text, calls=[_as_call(c) for c in calls], **kw)
+
+    @classmethod
+    def error(
+        cls, status: int, *, retry_after: float | str | None = None, body: Any = None, message: str | None = None
+    ) -> Reply:
+        """An HTTP error status with an OpenAI-style error body (or ``body`` verbatim)."""
+        if body is None:
+            body = {
+                "error": {
+                    "message": message or f"fake error {status}",
+                    "type": _ERROR_TYPES.get(status, "server_error"),
+                    "param": None,
+                    "code": None,
+                }
+            }
+        return cls(status=status, retry_after=retry_after, body=body)
+
+    @classmethod
+    def disconnect(cls, after_chunks: int = 2, text: str = "this answer is cut off before it ends") -> Reply:
+        """Drop the connection after ``after_chunks`` SSE events."""
+        return cls(content=text, disconnect_after=after_chunks)
+
+    @classmethod
+    def garbage(cls, after_chunks: int = 1, text: str = "this answer turns into garbage") -> Reply:
+        """Send an unparsable ``data:`` line after ``after_chunks`` events."""
+        return cls(content=text, garbage_after=after_chunks)
+
+    @classmethod
+    def stream_error(
+        cls, after_chunks: int = 2, text: str = "this answer fails midway", message: str = "The server had an error"
+    ) -> Reply:
+        """Send an in-stream error event after ``after_chunks`` events (status already 200)."""
+        body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+        return cls(content=text, stream_error_after=after_chunks, body=body)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Reply:
+        """Build from the control API's JSON (``text``/``tool_calls`` accepted as aliases of
+        ``content``/``calls``); raises ValueError naming the bad field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a reply must be a JSON object, got {type(data).__name__}")
+        data = dict(data)
+        if "text" in data:
+            data["content"] = data.pop("text")
+        if "tool_calls" in data:
+            data["calls"] = data.pop("tool_calls")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown reply field(s): {', '.join(unknown)}")
+        calls = data.pop("calls", [])
+        if not isinstance(calls, list):
+            raise ValueError("tool_calls must be a list")
+        parsed: list[Call] = []
+        for c in calls:
+            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+                raise ValueError("each tool call needs a string 'name'")
+            args = c.get("arguments", {})
+            if not isinstance(args, dict | str):
+                raise ValueError("tool call 'arguments' must be an object or a string")
+            parsed.append(Call(name=c["name"], arguments=args, id=c.get("id")))
+        for name, value in data.items():
+            expected = _FIELD_TYPES.get(name)
+            if expected is not None and value is not None and (
+                not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected)
+            ):
+                raise ValueError(f"reply field {name!r} has the wrong type ({type(value).__name__})")
+        return cls(calls=parsed, **data)
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "content": (str,), "reasoning": (str,), "reasoning_field": (str,), "finish_reason": (str,), "model": (str,),
+    "usage": (bool, dict), "chunk_chars": (int,), "omit_tool_index": (bool,), "status": (int,),
+    "retry_after": (int, float, str), "disconnect_after": (int,), "garbage_after": (int,),
+    "stream_error_after": (int,), "first_byte_delay_s": (int, float), "chunk_delay_s": (int, float),
+}
+
+
+def _as_call(c: Call | tuple[str, Any]) -> Call:
+    if isinstance(c, Call):
+        return c
+    name, args = c
+    return Call(name=name, arguments=args)
+
+
+class EventCounter:
+    """A counter tests can await: ``await counter.wait(2)`` returns once it reaches 2."""
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._changed = asyncio.Event()
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    def __int__(self) -> int:
+        return self._count
+
+    def __repr__(self) -> str:
+        return f"EventCounter({self._count})"
+
+    def increment(self) -> None:
+        self._count += 1
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    def reset(self) -> None:
+        self._count = 0
+
+    async def wait(self, n: int = 1, timeout_s: float = 5.0) -> int:
+        """Wait until the count is at least ``n``; raises TimeoutError after ``timeout_s``."""
+        async with asyncio.timeout(timeout_s):
+            while self._count < n:
+                await self._changed.wait()
+        return self._count
+
+
+def echo_last_user(body: dict[str, Any]) -> Reply:
+    """The default responder: answer with the text of the last user message."""
+    for message in reversed(body.get("messages") or []):
+        if isinstance(message, dict) and message.get("role") == "user":
+            return Reply.text(_text_of(message.get("content")))
+    return Reply.text("")
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+class _ClientGone(Exception):
+    """The client closed the connection while we were writing."""
+
+
+class FakeOpenAI:
+    """The fake server; an async context manager that starts and stops it."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        latency_s: float = 0.0,
+        chunk_delay_s: float = 0.0,
+        responder: Responder | None = None,
+        api_key: str | None = None,
+        models: Iterable[str] = ("gpt-4o-mini",),
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.latency_s = latency_s
+        self.chunk_delay_s = chunk_delay_s
+        self.responder: Responder = responder or echo_last_user
+        self.api_key = api_key
+        self.models = list(models)
+        self.requests: list[dict[str, Any]] = []
+        self.request_headers: list[dict[str, str]] = []
+        self.disconnects = EventCounter()
+        self._received = EventCounter()
+        self._script: deque[Reply] = deque()
+        self._runner: web.AppRunner | None = None
+        self._closing = False
+
+    # -- lifecycle -------------------------------------------------------------------
+    async def start(self) -> FakeOpenAI:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/_fake/script", self._control_script)
+        app.router.add_get("/_fake/requests", self._control_requests)
+        app.router.add_post("/_fake/reset", self._control_reset)
+        app.router.add_post("/_fake/config", self._control_config)
+        self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        server = site._server
+        assert server is not None and server.sockets  # type: ignore[attr-defined]
+        self.port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+        return self
+
+    async def close(self) -> None:
+        self._closing = True
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> FakeOpenAI:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """What to pass as ``base_url`` to an OpenAI client."""
+        return f"{self.url}/v1"
+
+    # -- scripting -------------------------------------------------------------------
+    def script(self, *replies: Reply) -> None:
+        """Queue replies; each request takes the oldest one."""
+        self._script.extend(replies)
+
+    @property
+    def pending(self) -> int:
+        return len(self._script)
+
+    def reset(self) -> None:
+        self._script.clear()
+        self.requests.clear()
+        self.request_headers.clear()
+        self.disconnects.reset()
+        self._received.reset()
+
+    async def wait_for_requests(self, n: int, timeout_s: float = 5.0) -> None:
+        """Wait until at least ``n`` chat requests have arrived."""
+        await self._received.wait(n, timeout_s)
+
+    # -- handlers --------------------------------------------------------------------
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return _error_response(Reply.error(401, message="Incorrect API key provided."))
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error_response(Reply.error(400, message="We could not parse the JSON body of your request."))
+        if not isinstance(body, dict) or not isinstance(body.get("messages"), list):
+            return _error_response(Reply.error(400, message="'messages' is a required property"))
+        self.requests.append(body)
+        self.request_headers.append(dict(request.headers))
+        self._received.increment()
+        reply = self._script.popleft() if self._script else await self._respond(body)
+        state = {"done": False}
+        try:
+            return await self._answer(request, body, reply, state)
+        except _ClientGone:
+            self._count_disconnect(state)
+            return web.Response(status=499)
+        except asyncio.CancelledError:
+            self._count_disconnect(state)
+            raise
+
+    def _count_disconnect(self, state: dict[str, bool]) -> None:
+        if not state["done"] and not self._closing:
+            state["done"] = True
+            self.disconnects.increment()
+
+    async def _respond(self, body: dict[str, Any]) -> Reply:
+        result = self.responder(body)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    async def _answer(
+        self, request: web.Request, body: dict[str, Any], reply: Reply, state: dict[str, bool]
+    ) -> web.StreamResponse:
+        first_delay = self.latency_s if reply.first_byte_delay_s is None else reply.first_byte_delay_s
+        if first_delay > 0:
+            await asyncio.sleep(first_delay)
+        if reply.status != 200:
+            state["done"] = True
+            return _error_response(reply)
+        if body.get("stream"):
+            return await self._stream(request, body, reply, state)
+        return await self._complete(request, body, reply, state)
+
+    async def _complete(
+        self, request: web.Request, body: dict[str, Any], reply: Reply, state: dict[str, bool]
+    ) -> web.StreamResponse:
+        state["done"] = True
+        if reply.disconnect_after is not None:
+            _abort(request)
+            raise asyncio.CancelledError
+        if reply.garbage_after is not None:
+            return web.Response(text="{not json", content_type="application/json")
+        if reply.stream_error_after is not None:
+            return _error_response(Reply.error(500, body=reply.body))
+        return web.json_response(_completion(body, reply))
+
+    async def _stream(
+        self, request: web.Request, body: dict[str, Any], reply: Reply, state: dict[str, bool]
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            status=200, headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        )
+        await resp.prepare(request)
+        delay = self.chunk_delay_s if reply.chunk_delay_s is None else reply.chunk_delay_s
+        for sent, chunk in enumerate(_chunks(body, reply)):
+            if sent == reply.disconnect_after:
+                state["done"] = True
+                _abort(request)
+                raise asyncio.CancelledError
+            if sent == reply.garbage_after:
+                await _write(resp, b"data: {this is not json\n\n")
+                break
+            if sent == reply.stream_error_after:
+                await _write(resp, b"data: " + json.dumps(reply.body).encode() + b"\n\n")
+                break
+            if sent and delay > 0:
+                await asyncio.sleep(delay)
+            await _write(resp, b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n")
+        else:
+            await _write(resp, b"data: [DONE]\n\n")
+        state["done"] = True
+        with contextlib.suppress(ConnectionError):
+            await resp.write_eof()
+        return resp
+
+    async def _models(self, request: web.Request) -> web.Response:
+        data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
+        return web.json_response({"object": "list", "data": data})
+
+    async def _control_script(self, request: web.Request) -> web.Response:
+        try:
+            data = await request.json()
+            items = data.get("replies") if isinstance(data, dict) else data
+            if not isinstance(items, list):
+                raise ValueError("expected {'replies': [...]} or a list of replies")
+            replies = [Reply.from_json(item) for item in items]
+        except ValueError as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self.script(*replies)
+        return web.json_response({"pending": self.pending})
+
+    async def _control_requests(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"requests": self.requests, "disconnects": self.disconnects.count, "pending": self.pending}
+        )
+
+    async def _control_reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"ok": True})
+
+    async def _control_config(self, request: web.Request) -> web.Response:
+        try:
+            data = await request.json()
+            if not isinstance(data, dict) or set(data) - {"latency_ms", "chunk_delay_ms"}:
+                raise ValueError("expected an object with latency_ms and/or chunk_delay_ms")
+            latency = float(data.get("latency_ms", self.latency_s * 1000)) / 1000
+            chunk = float(data.get("chunk_delay_ms", self.chunk_delay_s * 1000)) / 1000
+            if latency < 0 or chunk < 0 or not math.isfinite(latency + chunk):
+                raise ValueError("delays must be finite and non-negative")
+        except (ValueError, TypeError) as exc:
+            return web.json_response({"error": str(exc)}, status=400)
+        self.latency_s, self.chunk_delay_s = latency, chunk
+        return web.json_response({"latency_ms": latency * 1000, "chunk_delay_ms": chunk * 1000})
+
+
+# -- wire format ----------------------------------------------------------------------
+def _abort(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.abort()
+
+
+async def _write(resp: web.StreamResponse, data: bytes) -> None:
+    try:
+        await resp.write(data)
+    except ConnectionError as exc:
+        raise _ClientGone from exc
+
+
+def _error_response(reply: Reply) -> web.Response:
+    headers = {} if reply.retry_after is None else {"Retry-After": str(reply.retry_after)}
+    if isinstance(reply.body, str):
+        return web.Response(status=reply.status, text=reply.body, headers=headers)
+    return web.json_response(reply.body, status=reply.status, headers=headers)
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    size = max(1, size)
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def _usage(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    if isinstance(reply.usage, dict):
+        usage = dict(reply.usage)
+        usage.setdefault("total_tokens", usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
+        return usage
+    prompt = max(1, len(json.dumps(body.get("messages", []))) // 4)
+    produced = len(reply.content) + len(reply.reasoning) + sum(len(c.name) + len(c.raw_arguments()) for c in reply.calls)
+    completion = max(1, produced // 4)
+    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    if reply.reasoning:
+        usage["completion_tokens_details"] = {"reasoning_tokens": max(1, len(reply.reasoning) // 4)}
+    return usage
+
+
+def _finish_reason(reply: Reply) -> str:
+    return reply.finish_reason or ("tool_calls" if reply.calls else "stop")
+
+
+def _call_ids(reply: Reply) -> list[str]:
+    return [c.id or f"call_{uuid.uuid4().hex[:24]}" for c in reply.calls]
+
+
+def _chunks(body: dict[str, Any], reply: Reply) -> Iterable[dict[str, Any]]:
+    """Every chat.completion.chunk of a streamed reply, in the order OpenAI sends them."""
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    base: dict[str, Any] = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": reply.model or body.get("model") or "fake",
+        "system_fingerprint": "fp_fake",
+    }
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        out = dict(base, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
+        if include_usage:
+            out["usage"] = None
+        return out
+
+    yield chunk({"role": "assistant", "content": "", "refusal": None})
+    for piece in _pieces(reply.reasoning, reply.chunk_chars):
+        yield chunk({reply.reasoning_field: piece})
+    for piece in _pieces(reply.content, reply.chunk_chars):
+        yield chunk({"content": piece})
+    for index, (call, call_id) in enumerate(zip(reply.calls, _call_ids(reply), strict=True)):
+        head: dict[str, Any] = {"index": index, "id": call_id, "type": "function",
+                                "function": {"name": call.name, "arguments": ""}}
+        if reply.omit_tool_index:
+            del head["index"]
+        yield chunk({"tool_calls": [head]})
+        for piece in _pieces(call.raw_arguments(), reply.chunk_chars):
+            part: dict[str, Any] = {"index": index, "function": {"arguments": piece}}
+            if reply.omit_tool_index:
+                del part["index"]
+            yield chunk({"tool_calls": [part]})
+    yield chunk({}, _finish_reason(reply))
+    if include_usage and reply.usage is not False:
+        yield dict(base, choices=[], usage=_usage(body, reply))
+
+
+def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
+    """A non-streaming chat.completion object."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content or None, "refusal": None}
+    if reply.calls:
+        message["tool_calls"] = [
+            {"id": call_id, "type": "function", "function": {"name": c.name, "arguments": c.raw_arguments()}}
+            for c, call_id in zip(reply.calls, _call_ids(reply), strict=True)
+        ]
+    if reply.reasoning:
+        message[reply.reasoning_field] = reply.reasoning
+    out: dict[str, Any] = {
+        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": reply.model or body.get("model") or "fake",
+        "system_fingerprint": "fp_fake",
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(reply)}],
+    }
+    if reply.usage is not False:
+        out["usage"] = _usage(body, reply)
+    return out
+
+
+# -- command line ---------------------------------------------------------------------
+async def _serve(port: int, latency_ms: float, chunk_delay_ms: float, host: str) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with FakeOpenAI(host=host, port=port, latency_s=latency_ms / 1000, chunk_delay_s=chunk_delay_ms / 1000) as fake:
+        print(f"listening on {fake.base_url}", flush=True)
+        await stop.wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Fake OpenAI-compatible chat-completions server.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on start)")
+    parser.add_argument("--latency-ms", type=float, default=0.0, help="delay before the first byte of a reply")
+    parser.add_argument("--chunk-delay-ms", type=float, default=0.0, help="delay between streamed chunks")
+    args = parser.parse_args(argv)
+    asyncio.run(_serve(args.port, args.latency_ms, args.chunk_delay_ms, args.host))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,148 @@
+"""StreamAssembler: provider quirks of streamed chat completions, fed as raw chunk dicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agent.llm_stream import StreamAssembler
+from agent.llm_types import StreamDelta, estimate_text_tokens, estimate_tokens
+from agent.types import Message, ToolCall
+
+
+def chunk(delta: dict[str, Any], finish: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "choices": [{"index": 0, "delta": delta, "finish_reason": finish}], **extra}
+
+
+def call_delta(index: int | None = None, id: str | None = None, name: str | None = None, args: str | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"function": {}}
+    if index is not None:
+        out["index"] = index
+    if id is not None:
+        out["id"] = id
+        out["type"] = "function"
+    if name is not None:
+        out["function"]["name"] = name
+    if args is not None:
+        out["function"]["arguments"] = args
+    return out
+
+
+def feed_all(chunks: list[dict[str, Any]]) -> tuple[StreamAssembler, list[StreamDelta]]:
+    assembler = StreamAssembler()
+    deltas: list[StreamDelta] = []
+    for c in chunks:
+        deltas.extend(assembler.feed(c))
+    return assembler, deltas
+
+
+def test_indexed_calls_interleaved() -> None:
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(0, "a", "read", ""), call_delta(1, "b", "write", "")]}),
+            chunk({"tool_calls": [call_delta(1, args='{"x"'), call_delta(0, args='{"p"')]}),
+            chunk({"tool_calls": [call_delta(0, args=": 1}"), call_delta(1, args=": 2}")]}, "tool_calls"),
+        ]
+    )
+    assert assembler.tool_calls() == [
+        ToolCall(id="a", name="read", arguments='{"p": 1}'),
+        ToolCall(id="b", name="write", arguments='{"x": 2}'),
+    ]
+    assert assembler.finish_reason == "tool_calls"
+
+
+def test_missing_index_continues_the_last_call_unless_a_new_id_arrives() -> None:
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(None, "a", "one", "{")]}),
+            chunk({"tool_calls": [call_delta(None, args="}")]}),
+            chunk({"tool_calls": [call_delta(None, "b", "two", "")]}),
+            chunk({"tool_calls": [call_delta(None, args='{"k": ')]}),
+            chunk({"tool_calls": [call_delta(None, args="3}")]}),
+        ]
+    )
+    assert assembler.tool_calls() == [
+        ToolCall(id="a", name="one", arguments="{}"),
+        ToolCall(id="b", name="two", arguments='{"k": 3}'),
+    ]
+
+
+def test_an_index_reused_with_a_new_id_starts_a_new_call() -> None:
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(0, "a", "one", "{}")]}),
+            chunk({"tool_calls": [call_delta(0, "b", "two", '{"z": 1}')]}),
+        ]
+    )
+    assert [(c.id, c.name, c.arguments) for c in assembler.tool_calls()] == [("a", "one", "{}"), ("b", "two", '{"z": 1}')]
+
+
+def test_a_call_without_id_gets_one_and_empty_fragments_are_dropped() -> None:
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(0, None, "solo", '{"a": 1}')]}),
+            chunk({"tool_calls": [call_delta(1)]}),
+        ]
+    )
+    calls = assembler.tool_calls()
+    assert len(calls) == 1
+    assert calls[0].name == "solo" and calls[0].id.startswith("call_")
+    assert assembler.tool_calls()[0].id != "" and len(calls[0].id) > 5
+
+
+def test_repeated_name_in_continuation_deltas_is_not_duplicated() -> None:
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(0, "a", "search", '{"q"')]}),
+            chunk({"tool_calls": [call_delta(0, None, "search", ': "x"}')]}),
+        ]
+    )
+    assert assembler.tool_calls() == [ToolCall(id="a", name="search", arguments='{"q": "x"}')]
+
+
+def test_reasoning_takes_the_first_named_field_only() -> None:
+    assembler, deltas = feed_all(
+        [
+            chunk({"reasoning": "think ", "reasoning_content": "think "}),
+            chunk({"thinking": "more"}),
+            chunk({"content": "answer"}),
+        ]
+    )
+    assert assembler.reasoning == "think more"
+    assert deltas == [StreamDelta("reasoning", "think "), StreamDelta("reasoning", "more"), StreamDelta("text", "answer")]
+
+
+def test_refusal_is_visible_text_and_other_choices_are_ignored() -> None:
+    assembler, deltas = feed_all(
+        [
+            {"choices": [{"index": 1, "delta": {"content": "other choice"}}]},
+            chunk({"refusal": "I can't help with that."}, "stop"),
+        ]
+    )
+    assert assembler.text == "I can't help with that."
+    assert deltas == [StreamDelta("text", "I can't help with that.")]
+
+
+def test_usage_on_the_last_choice_chunk_is_used() -> None:
+    assembler, _ = feed_all([chunk({"content": "hi"}, "stop", usage={"prompt_tokens": 9, "completion_tokens": 1})])
+    usage = assembler.usage([Message.user("x")])
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.estimated) == (9, 1, False)
+
+
+def test_estimate_counts_contents_and_tool_calls() -> None:
+    messages = [
+        Message.system("12345678"),  # 8
+        Message.assistant(None, [ToolCall(id="c", name="abcd", arguments='{"a":1}')]),  # 4 + 7
+        Message.tool("c", "xyz"),  # 3
+    ]
+    assert estimate_tokens(messages) == 6 + 3 * 16  # ceil(22 / 4) = 6
+    assert estimate_tokens([]) == 0
+    assert estimate_text_tokens("") == 0
+    assert estimate_text_tokens("abcde") == 2
+
+
+def test_estimated_usage_when_the_stream_has_none() -> None:
+    assembler, _ = feed_all([chunk({"content": "abcd"}), chunk({"tool_calls": [call_delta(0, "i", "nm", "{}")]})])
+    usage = assembler.usage([Message.user("hello world!")])
+    assert usage.estimated is True
+    assert usage.prompt_tokens == 3 + 16
+    assert usage.completion_tokens == 2  # "abcd" + "nm" + "{}" = 8 chars
