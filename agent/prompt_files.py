@@ -1,0 +1,109 @@
+"""Workspace files in the system prompt: read tolerantly, capped, fenced and defused.
+
+IDENTITY.md, SOUL.md, MEMORY.md and other context files are written by people
+and by the agent itself (memory), so their text is data, not trusted prompt
+structure. Each file is wrapped in ``<<<FILE name>>> … <<<END FILE>>>`` markers;
+inside, chat-template control tokens (``<|im_start|>``, ``[INST]``, ``<<SYS>>``
+…) and anything that looks like our own markers are escaped, so the content
+cannot close its fence or open a new chat turn.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+MAX_FILE_CHARS: Final[int] = 20_000
+END_MARKER: Final[str] = "<<<END FILE>>>"
+
+# Control tokens of common chat templates, anything shaped like <|…|> (or DeepSeek's
+# full-width <｜…｜>), and a "<<<" that starts a forged FILE / END FILE marker.
+# No nested quantifiers: the bodies stop at the next "<", so every scan is linear.
+_CONTROL: Final = re.compile(
+    r"<\|[^<>|]*+\|>|<｜[^<>｜]*+｜>|\[/?inst\]|<</?sys>>|<<<(?=\s*+(?:end\s++)?file)",
+    re.IGNORECASE,
+)
+_ESCAPES: Final = str.maketrans({"<": "&lt;", ">": "&gt;", "[": "&#91;", "]": "&#93;"})
+
+
+def neutralize(text: str) -> str:
+    """Escape chat-template control tokens and forged file markers in untrusted text."""
+    return _CONTROL.sub(lambda m: m.group(0).translate(_ESCAPES), text)
+
+
+def single_line(text: str, limit: int = 200) -> str:
+    """Untrusted short text (a display name) as one neutralized line of at most ``limit`` chars."""
+    flat = " ".join(text.split())
+    if len(flat) > limit:
+        flat = flat[:limit] + "…"
+    return neutralize(flat)
+
+
+@dataclass(frozen=True)
+class FileText:
+    """A workspace file as read for the prompt; ``text`` is None when it is missing or empty."""
+
+    name: str
+    text: str | None
+    note: str | None = None  # why it is absent or shortened, for the prompt
+
+    @property
+    def present(self) -> bool:
+        return self.text is not None
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root)
+    except ValueError:
+        return False
+    return True
+
+
+def read_workspace_file(workspace: Path, name: str | Path, *, max_chars: int = MAX_FILE_CHARS) -> FileText:
+    """Read ``name`` (relative to ``workspace``) for the prompt, never raising.
+
+    Missing, empty, unreadable, or resolving outside the workspace (a symlink elsewhere)
+    all give ``text=None``; undecodable bytes are replaced; text over ``max_chars`` is cut.
+    """
+    label = str(name)
+    try:
+        root = workspace.resolve()
+        path = (root / name).resolve()
+    except (OSError, RuntimeError) as exc:
+        return FileText(label, None, f"{label} could not be resolved ({type(exc).__name__})")
+    if not _inside(path, root):
+        return FileText(label, None, f"{label} is outside the workspace and was not read")
+    try:
+        with path.open("r", encoding="utf-8", errors="replace") as handle:
+            text = handle.read(max_chars + 1)
+    except FileNotFoundError:
+        return FileText(label, None)
+    except OSError as exc:
+        return FileText(label, None, f"{label} could not be read ({type(exc).__name__})")
+    if not text.strip():
+        return FileText(label, None)
+    if len(text) > max_chars:
+        try:
+            size = f"{path.stat().st_size} bytes"
+        except OSError:
+            size = "unknown size"
+        return FileText(
+            label,
+            text[:max_chars],
+            f"{label} was cut to its first {max_chars} characters (the file is {size})",
+        )
+    return FileText(label, text)
+
+
+def fenced(file: FileText) -> str:
+    """The file's text inside boundary markers, neutralized, with its truncation note."""
+    body = neutralize(file.text or "")
+    if not body.endswith("\n"):
+        body += "\n"
+    block = f"<<<FILE {single_line(file.name)}>>>\n{body}{END_MARKER}"
+    if file.note:
+        block += f"\n[{file.note}]"
+    return block
