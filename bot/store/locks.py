@@ -1,0 +1,243 @@
+"""Redis leases: one holder at a time, kept alive by a watchdog (DESIGN.md §5 Gateway).
+
+A lease is a key holding its owner's unique token with a TTL. Taking it, renewing it and
+releasing it are compare-and-set Lua scripts, so nobody ever extends or deletes a lease
+held by someone else. While held, a watchdog renews it every TTL/3. When renewal finds
+the key gone or owned by another token, or Redis has not confirmed a renewal for a whole
+TTL (the key may have expired on the server by now), the lease is lost: ``on_lost`` runs
+so its holder stops (the gateway cancels the run). :class:`SessionLock` is the lease on a
+session key; plain :class:`Lease` serves leader election (e.g. Telegram polling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import socket
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from bot.store.errors import LockTimeout
+from bot.store.keys import Keys
+from bot.store.kv import ttl_ms
+
+log = structlog.get_logger(__name__)
+
+OnLost = Callable[[], Awaitable[None] | None]
+
+DEFAULT_TTL_S = 30.0
+MAX_POLL_S = 0.5
+
+# Take the lease if free; also succeeds (and refreshes) when it already holds our token.
+ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if not current then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class Lease:
+    """An exclusive, self-renewing lease on one Redis key. Usable as ``async with``."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        key: str,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        owner: str | None = None,
+        on_lost: OnLost | None = None,
+        auto_renew: bool = True,
+        acquire_timeout_s: float | None = None,
+    ) -> None:
+        if ttl_s < 0.1:
+            raise ValueError(f"a lease TTL must be at least 0.1 s, got {ttl_s!r}")
+        self._client = client
+        self.key = key
+        self.ttl_s = float(ttl_s)
+        self._ttl_ms = ttl_ms(ttl_s)
+        self._owner = owner or f"{socket.gethostname()}:{os.getpid()}"
+        self._on_lost = on_lost
+        self._auto_renew = auto_renew
+        self._acquire_timeout_s = acquire_timeout_s
+        self._acquire = client.register_script(ACQUIRE)
+        self._renew = client.register_script(RENEW)
+        self._release = client.register_script(RELEASE)
+        self._token: str | None = None
+        self._held = False
+        self._valid_until = 0.0
+        self._watchdog: asyncio.Task[None] | None = None
+        self._lost = asyncio.Event()
+
+    @property
+    def token(self) -> str | None:
+        """The value stored in the key while held (``<owner>:<random>``)."""
+        return self._token
+
+    @property
+    def is_held(self) -> bool:
+        """Held and, as far as this process can know, not yet expired on the server."""
+        return self._held and time.monotonic() < self._valid_until
+
+    async def wait_lost(self) -> None:
+        """Return once the lease has been lost (not on a normal release)."""
+        await self._lost.wait()
+
+    async def holder(self) -> str | None:
+        """The token of whoever holds the key now, if anyone."""
+        value = await self._client.get(self.key)
+        return None if value is None else str(value)
+
+    async def acquire(self, wait: bool = True, timeout_s: float | None = None) -> bool:
+        """Take the lease; with ``wait``, poll until free or ``timeout_s`` passes (None: no limit)."""
+        if self._held:
+            raise RuntimeError(f"lease {self.key} is already held by this object")
+        token = f"{self._owner}:{uuid.uuid4().hex}"
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        delay = min(0.05, self.ttl_s / 10)
+        while True:
+            sent = time.monotonic()
+            if await self._acquire(keys=[self.key], args=[token, self._ttl_ms]):
+                self._token = token
+                self._held = True
+                self._valid_until = sent + self.ttl_s
+                self._lost.clear()
+                if self._auto_renew:
+                    self._watchdog = asyncio.create_task(
+                        self._watch(token), name=f"lease-watchdog:{self.key}"
+                    )
+                return True
+            if not wait:
+                return False
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return False
+            pause = delay if deadline is None else min(delay, deadline - now)
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, MAX_POLL_S)
+
+    async def release(self) -> bool:
+        """Stop renewing and delete the key if still ours. True when it was deleted.
+
+        A Redis error here is logged, not raised: the key then expires by its TTL.
+        """
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None and watchdog is not asyncio.current_task():
+            watchdog.cancel()
+            await asyncio.wait([watchdog])
+        self._held = False
+        token, self._token = self._token, None
+        if token is None:
+            return False
+        try:
+            return bool(await self._release(keys=[self.key], args=[token]))
+        except (RedisError, OSError) as exc:
+            log.warning("store.lease.release_failed", key=self.key, error=type(exc).__name__)
+            return False
+
+    async def __aenter__(self) -> Lease:
+        if not await self.acquire(wait=True, timeout_s=self._acquire_timeout_s):
+            raise LockTimeout(f"could not take {self.key} within {self._acquire_timeout_s} s")
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.release()
+
+    async def _watch(self, token: str) -> None:
+        interval = self.ttl_s / 3
+        retry = min(interval, 0.5)
+        pause = interval
+        while True:
+            await asyncio.sleep(pause)
+            sent = time.monotonic()
+            remaining = self._valid_until - sent
+            if remaining <= 0:
+                await self._declare_lost("redis unreachable for longer than the ttl")
+                return
+            try:
+                async with asyncio.timeout(remaining):
+                    renewed = await self._renew(keys=[self.key], args=[token, self._ttl_ms])
+            except (RedisError, OSError, TimeoutError) as exc:
+                log.warning("store.lease.renew_failed", key=self.key, error=type(exc).__name__)
+                if time.monotonic() >= self._valid_until:
+                    await self._declare_lost("redis unreachable for longer than the ttl")
+                    return
+                pause = min(retry, max(0.0, self._valid_until - time.monotonic()))
+                continue
+            if not renewed:
+                await self._declare_lost("taken over or expired")
+                return
+            self._valid_until = sent + self.ttl_s
+            pause = interval
+
+    async def _declare_lost(self, reason: str) -> None:
+        self._held = False
+        self._watchdog = None
+        self._lost.set()
+        log.warning("store.lease.lost", key=self.key, reason=reason)
+        if self._on_lost is None:
+            return
+        try:
+            result = self._on_lost()
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            log.exception("store.lease.on_lost_failed", key=self.key)
+
+
+class SessionLock(Lease):
+    """The one-active-run-per-session lock, ``<prefix>:lock:<session_key>``."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: Keys,
+        session_key: str,
+        *,
+        ttl_s: float = DEFAULT_TTL_S,
+        owner: str | None = None,
+        on_lost: OnLost | None = None,
+        auto_renew: bool = True,
+        acquire_timeout_s: float | None = None,
+    ) -> None:
+        super().__init__(
+            client,
+            keys.lock(session_key),
+            ttl_s=ttl_s,
+            owner=owner,
+            on_lost=on_lost,
+            auto_renew=auto_renew,
+            acquire_timeout_s=acquire_timeout_s,
+        )
+        self.session_key = session_key
+
+    async def __aenter__(self) -> SessionLock:
+        await super().__aenter__()
+        return self

@@ -1,0 +1,125 @@
+"""Lua scripts that change a session, so every change is atomic and applies once.
+
+Every script gets the same keys and leading arguments:
+KEYS = messages list, meta hash, ops sorted set, summary string, session index;
+ARGV = op id, now (unix s), idle ttl (s), ops bound, session key, then its own.
+The op id of each write is remembered in the ops set (bounded): redis-py retries a
+command whose reply was lost, and the retry must not apply the change a second time.
+"""
+
+from __future__ import annotations
+
+_PRELUDE = """
+local messages, meta, ops, summary, index = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local op, now, ttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local ops_bound, session_key = tonumber(ARGV[4]), ARGV[5]
+
+local function applied()
+  return redis.call('ZSCORE', ops, op)
+end
+
+local function push_from(first)
+  local n = redis.call('LLEN', messages)
+  local i = first
+  while i <= #ARGV do
+    local j = math.min(i + 999, #ARGV)
+    n = redis.call('RPUSH', messages, unpack(ARGV, i, j))
+    i = j + 1
+  end
+  return n
+end
+
+local function cap(n, max_messages)
+  if n > max_messages then
+    redis.call('LTRIM', messages, -max_messages, -1)
+    redis.call('HINCRBY', meta, 'trimmed', n - max_messages)
+  end
+end
+
+local function touch(bump_version)
+  redis.call('HSETNX', meta, 'created_at', ARGV[2])
+  redis.call('HSET', meta, 'last_activity', ARGV[2])
+  if bump_version then
+    redis.call('HINCRBY', meta, 'version', 1)
+  end
+  local seq = redis.call('HINCRBY', meta, 'op_seq', 1)
+  redis.call('ZADD', ops, seq, op)
+  redis.call('ZREMRANGEBYRANK', ops, 0, -(ops_bound + 1))
+  redis.call('ZADD', index, ARGV[2], session_key)
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. tostring(now - ttl))
+  for _, key in ipairs({messages, meta, ops, summary}) do
+    redis.call('EXPIRE', key, ttl)
+  end
+end
+"""
+
+# ARGV[6] = max messages kept, ARGV[7..] = messages as JSON. 1 = appended, 0 = already applied.
+APPEND = (
+    _PRELUDE
+    + """
+if applied() then
+  return 0
+end
+cap(push_from(7), tonumber(ARGV[6]))
+touch(#ARGV >= 7)
+return 1
+"""
+)
+
+# ARGV[6] = expected length, ARGV[7] = expected version or '', ARGV[8] = summary,
+# ARGV[9] = max messages, ARGV[10..] = kept messages. 1 = replaced (now or before), 0 = refused.
+REPLACE_AFTER_COMPACTION = (
+    _PRELUDE
+    + """
+if applied() then
+  return 1
+end
+if redis.call('LLEN', messages) ~= tonumber(ARGV[6]) then
+  return 0
+end
+if ARGV[7] ~= '' and tonumber(redis.call('HGET', meta, 'version') or '0') ~= tonumber(ARGV[7]) then
+  return 0
+end
+redis.call('DEL', messages)
+cap(push_from(10), tonumber(ARGV[9]))
+redis.call('SET', summary, ARGV[8])
+redis.call('HINCRBY', meta, 'compactions', 1)
+redis.call('HSET', meta, 'last_compaction_at', ARGV[2])
+touch(true)
+return 1
+"""
+)
+
+# No own arguments. 1 = reset (now or before), 0 = there was no session.
+RESET = (
+    _PRELUDE
+    + """
+if applied() then
+  return 1
+end
+if redis.call('EXISTS', meta) == 0 and redis.call('EXISTS', messages) == 0 then
+  return 0
+end
+redis.call('DEL', messages, summary)
+redis.call('HINCRBY', meta, 'resets', 1)
+redis.call('HSET', meta, 'compactions', 0, 'trimmed', 0, 'last_prompt_tokens', 0,
+           'last_completion_tokens', 0)
+touch(true)
+return 1
+"""
+)
+
+# ARGV[6] = prompt tokens, ARGV[7] = completion tokens. 1 = recorded, 0 = already applied.
+RECORD_USAGE = (
+    _PRELUDE
+    + """
+if applied() then
+  return 0
+end
+redis.call('HSET', meta, 'last_prompt_tokens', ARGV[6], 'last_completion_tokens', ARGV[7])
+redis.call('HINCRBY', meta, 'total_prompt_tokens', ARGV[6])
+redis.call('HINCRBY', meta, 'total_completion_tokens', ARGV[7])
+touch(false)
+return 1
+"""
+)

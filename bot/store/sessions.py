@@ -1,0 +1,280 @@
+"""Conversation history per session key, in Redis (DESIGN.md §4.5).
+
+A session is a list of messages (JSON, one element each), a meta hash (counters, token
+usage, timestamps, a version bumped on every history change), an optional compaction
+summary, and the ids of recently applied writes. Every write is one Lua script: atomic,
+and applied once even when redis-py retries it. Memory is bounded: at most
+``max_messages`` are kept (compaction normally keeps far fewer) and an idle session
+expires after ``ttl_s`` (refreshed on every write).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+from pydantic import BaseModel, ValidationError
+
+from agent.types import Message
+from bot.store import session_scripts
+from bot.store.keys import Keys
+
+log = structlog.get_logger(__name__)
+
+DEFAULT_MAX_MESSAGES = 2000
+DEFAULT_TTL_S = 90 * 86400
+DEFAULT_OPS_BOUND = 128  # small enough for a compact listpack-encoded sorted set
+
+
+class SessionUsage(BaseModel):
+    """Tokens of the last LLM call and totals since the session began (totals survive /new)."""
+
+    last_prompt_tokens: int = 0
+    last_completion_tokens: int = 0
+    total_prompt_tokens: int = 0
+    total_completion_tokens: int = 0
+
+
+class SessionInfo(BaseModel):
+    """What ``botd sessions show`` and ``/status`` report about one session."""
+
+    session_key: str
+    exists: bool
+    message_count: int = 0
+    created_at: float | None = None
+    last_activity: float | None = None
+    summary_present: bool = False
+    compactions: int = 0
+    resets: int = 0
+    trimmed: int = 0  # messages dropped by the length cap since the last reset
+    version: int = 0
+    usage: SessionUsage = SessionUsage()
+
+
+class SessionSnapshot(BaseModel):
+    """History, summary and version read together, for compare-and-replace (compaction)."""
+
+    messages: list[Message]
+    stored_count: int  # raw list length; differs from len(messages) only if entries were unreadable
+    version: int
+    summary: str | None
+
+
+class SessionPage(BaseModel):
+    """One page of sessions, most recently active first; ``next_cursor`` None on the last page."""
+
+    sessions: list[SessionInfo]
+    next_cursor: int | None
+
+
+class SessionStore:
+    """Reads and atomically changes sessions."""
+
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        keys: Keys,
+        *,
+        max_messages: int = DEFAULT_MAX_MESSAGES,
+        ttl_s: int = DEFAULT_TTL_S,
+        ops_bound: int = DEFAULT_OPS_BOUND,
+    ) -> None:
+        if max_messages < 1 or ttl_s < 1 or ops_bound < 1:
+            raise ValueError("max_messages, ttl_s and ops_bound must be positive")
+        self._client = client
+        self._keys = keys
+        self.max_messages = max_messages
+        self.ttl_s = int(ttl_s)
+        self.ops_bound = ops_bound
+        self._append = client.register_script(session_scripts.APPEND)
+        self._replace = client.register_script(session_scripts.REPLACE_AFTER_COMPACTION)
+        self._reset = client.register_script(session_scripts.RESET)
+        self._usage = client.register_script(session_scripts.RECORD_USAGE)
+
+    async def append(self, session_key: str, run_id: str, messages: Sequence[Message]) -> bool:
+        """Append a run's messages, all or nothing. False when this run id was already applied.
+
+        One append per run: a second append with the same ``run_id`` is treated as a retry.
+        A run that appends in steps uses a distinct id per step (e.g. ``f"{run_id}:1"``).
+        """
+        if not run_id:
+            raise ValueError("append needs a non-empty run_id (it makes the write idempotent)")
+        payload = [_encode(m) for m in messages]
+        args = [*self._common(f"a:{run_id}", session_key), self.max_messages, *payload]
+        applied = await self._append(keys=self._session_keys(session_key), args=args)
+        return bool(applied)
+
+    async def history(self, session_key: str) -> list[Message]:
+        """All stored messages, oldest first. Unreadable entries are skipped and logged."""
+        raw = await self._client.lrange(self._keys.session_messages(session_key), 0, -1)
+        return _decode_all(session_key, raw)
+
+    async def snapshot(self, session_key: str) -> SessionSnapshot:
+        """History, version and summary in one consistent read (MULTI/EXEC)."""
+        pipe = self._client.pipeline(transaction=True)
+        pipe.lrange(self._keys.session_messages(session_key), 0, -1)
+        pipe.hget(self._keys.session_meta(session_key), "version")
+        pipe.get(self._keys.session_summary(session_key))
+        raw, version, summary = await pipe.execute()
+        return SessionSnapshot(
+            messages=_decode_all(session_key, raw),
+            stored_count=len(raw),
+            version=int(version or 0),
+            summary=summary,
+        )
+
+    async def summary(self, session_key: str) -> str | None:
+        value = await self._client.get(self._keys.session_summary(session_key))
+        return str(value) if value is not None else None
+
+    async def compaction_count(self, session_key: str) -> int:
+        return int(await self._client.hget(self._keys.session_meta(session_key), "compactions") or 0)
+
+    async def replace_after_compaction(
+        self,
+        session_key: str,
+        summary: str,
+        keep: Sequence[Message],
+        expected_len: int,
+        *,
+        expected_version: int | None = None,
+    ) -> bool:
+        """Store ``summary`` and make ``keep`` the whole history, atomically.
+
+        Refuses (returns False, changes nothing) when the stored history no longer has
+        ``expected_len`` entries or, if given, ``expected_version`` (from :meth:`snapshot`):
+        a run appended meanwhile, and its messages must not be lost.
+        """
+        if not summary.strip():
+            raise ValueError("a compaction summary must not be empty")
+        if expected_len < 0:
+            raise ValueError("expected_len must not be negative")
+        version = "" if expected_version is None else str(int(expected_version))
+        args = [
+            *self._common(f"c:{uuid.uuid4().hex}", session_key),
+            expected_len,
+            version,
+            summary,
+            self.max_messages,
+            *(_encode(m) for m in keep),
+        ]
+        return bool(await self._replace(keys=self._session_keys(session_key), args=args))
+
+    async def reset(self, session_key: str) -> bool:
+        """``/new``: clear history and summary, count the reset. False if there was no session."""
+        args = self._common(f"r:{uuid.uuid4().hex}", session_key)
+        return bool(await self._reset(keys=self._session_keys(session_key), args=args))
+
+    async def record_usage(
+        self, session_key: str, prompt_tokens: int, completion_tokens: int, *, run_id: str | None = None
+    ) -> bool:
+        """Record one LLM call's tokens (last and totals). With ``run_id``, applied once per run."""
+        for name, value in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        op = f"u:{run_id}" if run_id else f"u:{uuid.uuid4().hex}"
+        args = [*self._common(op, session_key), prompt_tokens, completion_tokens]
+        return bool(await self._usage(keys=self._session_keys(session_key), args=args))
+
+    async def usage(self, session_key: str) -> SessionUsage:
+        meta = await self._client.hgetall(self._keys.session_meta(session_key))
+        return _usage_of(meta)
+
+    async def show(self, session_key: str) -> SessionInfo:
+        """Counters and usage of one session (``exists`` False when there is none)."""
+        return (await self._infos([session_key]))[0]
+
+    async def list_sessions(self, cursor: int = 0, limit: int = 50) -> SessionPage:
+        """Sessions by last activity, newest first; pass ``next_cursor`` back for the next page."""
+        if cursor < 0 or not 1 <= limit <= 1000:
+            raise ValueError("cursor must be >= 0 and limit between 1 and 1000")
+        index = self._keys.session_index()
+        await self._client.zremrangebyscore(index, "-inf", f"({time.time() - self.ttl_s}")
+        members = await self._client.zrevrange(index, cursor, cursor + limit)
+        more = len(members) > limit
+        infos = await self._infos([str(m) for m in members[:limit]])
+        return SessionPage(sessions=infos, next_cursor=cursor + limit if more else None)
+
+    def _session_keys(self, session_key: str) -> list[str]:
+        k = self._keys
+        return [
+            k.session_messages(session_key),
+            k.session_meta(session_key),
+            k.session_ops(session_key),
+            k.session_summary(session_key),
+            k.session_index(),
+        ]
+
+    def _common(self, op: str, session_key: str) -> list[str | int | float]:
+        if not session_key:
+            raise ValueError("session_key must not be empty")
+        return [op, repr(time.time()), self.ttl_s, self.ops_bound, session_key]
+
+    async def _infos(self, session_keys: list[str]) -> list[SessionInfo]:
+        if not session_keys:
+            return []
+        pipe = self._client.pipeline(transaction=False)
+        for sk in session_keys:
+            pipe.llen(self._keys.session_messages(sk))
+            pipe.hgetall(self._keys.session_meta(sk))
+            pipe.exists(self._keys.session_summary(sk))
+        replies = await pipe.execute()
+        infos = []
+        for i, sk in enumerate(session_keys):
+            count, meta, has_summary = replies[3 * i : 3 * i + 3]
+            infos.append(_info_of(sk, int(count), meta, bool(has_summary)))
+        return infos
+
+
+def _encode(message: Message) -> str:
+    if not isinstance(message, Message):
+        raise TypeError(f"sessions store agent.types.Message objects, got {type(message).__name__}")
+    return message.model_dump_json(exclude_defaults=True)
+
+
+def _decode_all(session_key: str, raw: Sequence[str | bytes]) -> list[Message]:
+    out = []
+    for position, item in enumerate(raw):
+        try:
+            out.append(Message.model_validate_json(item))
+        except ValidationError as exc:
+            log.warning(
+                "store.session.unreadable_message",
+                session_key=session_key,
+                position=position,
+                error=str(exc).splitlines()[0],
+            )
+    return out
+
+
+def _usage_of(meta: Mapping[Any, Any]) -> SessionUsage:
+    return SessionUsage(
+        last_prompt_tokens=int(meta.get("last_prompt_tokens", 0)),
+        last_completion_tokens=int(meta.get("last_completion_tokens", 0)),
+        total_prompt_tokens=int(meta.get("total_prompt_tokens", 0)),
+        total_completion_tokens=int(meta.get("total_completion_tokens", 0)),
+    )
+
+
+def _info_of(session_key: str, count: int, meta: Mapping[Any, Any], has_summary: bool) -> SessionInfo:
+    def number(name: str) -> float | None:
+        value = meta.get(name)
+        return float(value) if value is not None else None
+
+    return SessionInfo(
+        session_key=session_key,
+        exists=bool(meta) or count > 0,
+        message_count=count,
+        created_at=number("created_at"),
+        last_activity=number("last_activity"),
+        summary_present=has_summary,
+        compactions=int(meta.get("compactions", 0)),
+        resets=int(meta.get("resets", 0)),
+        trimmed=int(meta.get("trimmed", 0)),
+        version=int(meta.get("version", 0)),
+        usage=_usage_of(meta),
+    )

@@ -1,0 +1,126 @@
+"""RedisKeyValue (the adapters' KeyValue), Deduper and key naming against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+import redis.asyncio as aioredis
+
+from bot.store import Deduper, Keys, RedisKeyValue
+from channels.base import KeyValue
+
+
+@pytest.fixture
+def keys(redis_prefix: str) -> Keys:
+    return Keys(redis_prefix)
+
+
+@pytest.fixture
+def kv(redis_client: aioredis.Redis, redis_prefix: str) -> RedisKeyValue:
+    return RedisKeyValue(redis_client, redis_prefix)
+
+
+async def test_kv_implements_the_channel_contract(
+    kv: RedisKeyValue, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    contract: KeyValue = kv
+    assert await contract.set_nx("leader", "replica-a", 5)
+    assert not await contract.set_nx("leader", "replica-b", 5)
+    assert await contract.get("leader") == "replica-a"
+    assert await redis_client.get(f"{redis_prefix}:kv:leader") == "replica-a"
+    assert 0 < await redis_client.pttl(f"{redis_prefix}:kv:leader") <= 5000
+
+    assert await contract.extend_if_owner("leader", "replica-a", 30)
+    assert 5000 < await redis_client.pttl(f"{redis_prefix}:kv:leader") <= 30000
+    assert not await contract.extend_if_owner("leader", "replica-b", 60)
+    assert await redis_client.pttl(f"{redis_prefix}:kv:leader") <= 30000
+    assert not await contract.extend_if_owner("missing", "replica-a", 60)
+
+    await contract.set("plain", "v")
+    assert await redis_client.pttl(f"{redis_prefix}:kv:plain") == -1
+    await contract.set("plain", "w", ttl_s=0.5)
+    assert await contract.get("plain") == "w"
+    assert 0 < await redis_client.pttl(f"{redis_prefix}:kv:plain") <= 500
+    await contract.delete("plain")
+    assert await contract.get("plain") is None
+    await contract.delete("plain")  # deleting a missing key is fine
+
+
+async def test_kv_values_expire(kv: RedisKeyValue) -> None:
+    assert await kv.set_nx("short", "x", 0.2)
+    for _ in range(100):
+        if await kv.get("short") is None:
+            break
+        await asyncio.sleep(0.05)
+    assert await kv.get("short") is None
+    assert await kv.set_nx("short", "y", 5)
+
+
+@pytest.mark.parametrize("bad", [0, -1, math.nan, math.inf, True, "5"])
+async def test_kv_rejects_bad_ttls(kv: RedisKeyValue, bad: object) -> None:
+    with pytest.raises(ValueError, match="ttl_s"):
+        await kv.set_nx("k", "v", bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ttl_s"):
+        await kv.set("k", "v", bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ttl_s"):
+        await kv.extend_if_owner("k", "v", bad)  # type: ignore[arg-type]
+    assert await kv.get("k") is None
+
+
+async def test_dedupe_first_time_once(redis_client: aioredis.Redis, keys: Keys) -> None:
+    dedupe = Deduper(redis_client, keys)
+    assert await dedupe.first_time("telegram:update:1001")
+    assert not await dedupe.first_time("telegram:update:1001")
+    assert await dedupe.first_time("telegram:update:1002")
+    pttl = await redis_client.pttl(keys.dedupe("telegram:update:1001"))
+    assert 86_000_000 < pttl <= 86_400_000
+    await dedupe.forget("telegram:update:1001")
+    assert await dedupe.first_time("telegram:update:1001", ttl_s=60)
+    assert 0 < await redis_client.pttl(keys.dedupe("telegram:update:1001")) <= 60_000
+
+
+async def test_dedupe_under_concurrency(redis_client: aioredis.Redis, keys: Keys) -> None:
+    replicas = [Deduper(redis_client, keys) for _ in range(4)]
+    results = await asyncio.gather(*(replicas[i % 4].first_time("slack:event:Ev1") for i in range(40)))
+    assert results.count(True) == 1
+
+
+async def test_dedupe_rejects_bad_input(redis_client: aioredis.Redis, keys: Keys) -> None:
+    dedupe = Deduper(redis_client, keys)
+    with pytest.raises(ValueError):
+        await dedupe.first_time("")
+    with pytest.raises(ValueError, match="ttl_s"):
+        await dedupe.first_time("x", ttl_s=0)
+    assert await dedupe.first_time("x")
+
+
+def test_key_names() -> None:
+    keys = Keys("botd")
+    sk = "agent:main:slack:channel:C1:thread:1700000000.1"
+    assert keys.session_messages(sk) == f"botd:session:{sk}:messages"
+    assert keys.session_meta(sk) == f"botd:session:{sk}:meta"
+    assert keys.session_summary(sk) == f"botd:session:{sk}:summary"
+    assert keys.session_ops(sk) == f"botd:session:{sk}:ops"
+    assert keys.session_index() == "botd:sessions"
+    assert keys.lock(sk) == f"botd:lock:{sk}"
+    assert keys.lease("telegram-polling") == "botd:lease:telegram-polling"
+    assert keys.dedupe("telegram:1") == "botd:dedupe:telegram:1"
+    assert keys.kv("x") == "botd:kv:x"
+    assert keys.fire("heartbeat", "2025-01-01T09:00:00Z") == "botd:fire:heartbeat:2025-01-01T09:00:00Z"
+    assert keys.key("inbox", sk) == f"botd:inbox:{sk}"
+    assert keys.pattern("cron") == "botd:cron:*"
+
+
+@pytest.mark.parametrize("prefix", ["", "has space", "a:b", "x" * 65])
+def test_bad_prefixes_are_refused(prefix: str) -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        Keys(prefix)
+
+
+def test_empty_key_parts_are_refused() -> None:
+    with pytest.raises(ValueError, match="non-empty"):
+        Keys("botd").lock("")
+    with pytest.raises(ValueError, match="non-empty"):
+        Keys("botd").key("inbox", "")
