@@ -26,8 +26,19 @@ def _unique_id(call_id: str, used: set[str]) -> str:
     return f"{call_id}_dedup_{n}"
 
 
+def _fresh_id(used: set[str]) -> str:
+    """``call_<n>`` for a call that came without an id (the API needs one to pair results)."""
+    n = 1
+    while f"call_{n}" in used:
+        n += 1
+    return f"call_{n}"
+
+
 def repair_pairing(messages: Sequence[Message]) -> list[Message]:
     """Drop orphan and extra tool results, synthesize missing ones, rename reused call ids.
+
+    A call without an id gets ``call_<n>`` (smallest free ``n``); results never pair
+    with an empty id, so such a call gets a synthesized result.
 
     The input is not modified; messages that need no change are passed through as they are.
     """
@@ -48,7 +59,10 @@ def repair_pairing(messages: Sequence[Message]) -> list[Message]:
         renamed = False
         for call in message.tool_calls:
             new_id = call.id
-            if call.id in used:
+            if not call.id:
+                new_id = _fresh_id(used)
+                renamed = True
+            elif call.id in used:
                 new_id = _unique_id(call.id, used)
                 renamed = True
             used.add(new_id)
