@@ -151,8 +151,7 @@ class LLMClient:
                     log.warning("llm.failed", model=self.model, attempt=attempt, kind=error.kind, status=error.status)
                     raise error from None
             log.info("llm.retry", model=self.model, attempt=attempt, kind=error.kind, status=error.status, wait_s=wait)
-            if self.on_retry is not None:
-                self.on_retry(RetryInfo(attempt=attempt, wait_s=wait, error=error))
+            self._report_retry(RetryInfo(attempt=attempt, wait_s=wait, error=error))
             await asyncio.sleep(wait)
 
         assembler = StreamAssembler()
@@ -180,6 +179,27 @@ class LLMClient:
         response = assembler.response(messages, attempts=attempt)
         response.model = response.model or self.model
         return response
+
+    def _report_retry(self, info: RetryInfo) -> None:
+        if self.on_retry is None:
+            return
+        try:
+            self.on_retry(info)
+        except Exception:
+            log.exception("llm.retry_callback_failed")
+
+    async def check(self, timeout_s: float = 10.0) -> list[str]:
+        """Ask the endpoint for its models (one attempt, for health checks); raises ``LLMError``."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                page = await self._client.models.list()
+        except TimeoutError:
+            raise LLMError(
+                f"The language model service did not answer within {timeout_s:g} s.", kind="timeout", retryable=True
+            ) from None
+        except openai.APIError as exc:
+            raise self._error(exc) from None
+        return [str(m.id) for m in page.data]
 
     def _request(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
         request: dict[str, Any] = {

@@ -9,6 +9,8 @@ built on it) runs against it unchanged:
   non-streaming (one ``chat.completion`` JSON object).
 * ``GET /v1/models`` — the model list (for health checks).
 
+With ``FakeOpenAI(api_key="…")`` both answer 401 unless ``Authorization: Bearer …`` matches.
+
 In-process use (binds 127.0.0.1 on a free port)::
 
     from tests.fakes.openai_server import Call, FakeOpenAI, Reply
@@ -367,9 +369,15 @@ class FakeOpenAI:
         await self._received.wait(n, timeout_s)
 
     # -- handlers --------------------------------------------------------------------
-    async def _chat(self, request: web.Request) -> web.StreamResponse:
+    def _unauthorized(self, request: web.Request) -> web.Response | None:
         if self.api_key is not None and request.headers.get("Authorization") != f"Bearer {self.api_key}":
             return _error_response(Reply.error(401, message="Incorrect API key provided."))
+        return None
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
         try:
             body = await request.json()
         except ValueError:
@@ -457,6 +465,9 @@ class FakeOpenAI:
         return resp
 
     async def _models(self, request: web.Request) -> web.Response:
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
         data = [{"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in self.models]
         return web.json_response({"object": "list", "data": data})
 

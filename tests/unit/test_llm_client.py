@@ -354,3 +354,26 @@ async def test_local_server_without_a_key_gets_a_placeholder(fake: FakeOpenAI) -
     await client.aclose()
     assert response.text == "ping"  # the fake's default responder echoes the last user message
     assert fake.request_headers[0]["Authorization"] == "Bearer no-key"
+
+
+async def test_check_lists_models_and_reports_failures() -> None:
+    async with FakeOpenAI(api_key=API_KEY, models=["m1", "m2"]) as fake:
+        good = make_client(fake)
+        assert await good.check() == ["m1", "m2"]
+        await good.aclose()
+        bad = make_client(fake, api_key="sk-wrong-key-0000000")
+        with pytest.raises(LLMError) as info:
+            await bad.check()
+        await bad.aclose()
+        assert info.value.kind == "auth"
+
+
+async def test_a_failing_retry_callback_does_not_break_the_call(fake: FakeOpenAI) -> None:
+    def on_retry(info: RetryInfo) -> None:
+        raise RuntimeError("metrics down")
+
+    fake.script(Reply.error(502), Reply.text("fine"))
+    client = make_client(fake, on_retry=on_retry)
+    response = await client.complete(PROMPT, None)
+    await client.aclose()
+    assert response.text == "fine" and response.attempts == 2

@@ -460,3 +460,39 @@ async def test_admin_tools_need_approval(fake: FakeOpenAI, model: LLMClient, tmp
 async def test_max_iterations_must_be_positive(model: LLMClient, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="max_iterations"):
         await run(model, tmp_path, [], max_iterations=0)
+
+
+class BrokenModel:
+    """A ChatModel with a bug: raises something that is not an LLMError."""
+
+    async def complete(self, messages: list[Message], tools: Any, on_delta: Any = None) -> Any:
+        raise KeyError("choices")
+
+
+class NoOutputTool(Tool):
+    name = "nothing"
+    description = "Returns the wrong type."
+    parameters = {"type": "object", "properties": {}}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        return "a plain string"  # type: ignore[return-value]
+
+
+async def test_a_model_bug_fails_the_run_cleanly(tmp_path: Path) -> None:
+    events = Recorder()
+    result = await run_loop(
+        list(PROMPT), model=BrokenModel(), tools=ToolRegistry(), ctx=make_ctx(tmp_path), run_id="r", on_event=events
+    )
+    assert result.status == "failed"
+    assert result.error == "Internal error (KeyError)."
+    assert result.messages == []
+    assert events.types() == ["run.started", "run.failed"]
+
+
+async def test_a_tool_with_unusable_output_is_an_error_result(
+    fake: FakeOpenAI, model: LLMClient, tmp_path: Path
+) -> None:
+    fake.script(Reply.tool_calls([Call("nothing", {}, id="n")]), Reply.text("ok"))
+    result = await run(model, tmp_path, [NoOutputTool()])
+    assert result.messages[1].is_error
+    assert result.messages[1].content == "Error: tool 'nothing' returned no usable output."
