@@ -66,7 +66,7 @@ class ChatModel(Protocol):
 
     async def complete(
         self,
-        messages: list[Message],
+        messages: Sequence[Message],
         tools: list[dict[str, Any]] | None,
         on_delta: DeltaCallback | None = None,
     ) -> LLMResponse:

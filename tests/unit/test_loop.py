@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -465,7 +465,7 @@ async def test_max_iterations_must_be_positive(model: LLMClient, tmp_path: Path)
 class BrokenModel:
     """A ChatModel with a bug: raises something that is not an LLMError."""
 
-    async def complete(self, messages: list[Message], tools: Any, on_delta: Any = None) -> Any:
+    async def complete(self, messages: Sequence[Message], tools: Any, on_delta: Any = None) -> Any:
         raise KeyError("choices")
 
 
