@@ -1,7 +1,7 @@
 """The system prompt: fixed sections in a fixed order, built from a :class:`PromptSpec`.
 
-A stable order and wording keep the prompt cache-friendly and make the prompt
-easy to audit. ``full`` mode (people chatting) has every section; ``minimal``
+A stable order and wording make the prompt easy to audit and let providers
+cache its unchanging start. ``full`` mode (people chatting) has every section; ``minimal``
 mode (cron, heartbeat, memory flush) keeps only identity, tooling, safety, the
 time and the task, so scheduled runs stay cheap and focused. Text that comes
 from files or from users is fenced and neutralized (see ``agent.prompt_files``).
@@ -167,7 +167,7 @@ def _local_time(spec: PromptSpec) -> datetime:
 
 def time_section(spec: PromptSpec) -> str:
     local = _local_time(spec)
-    stamp = local.isoformat(timespec="seconds")
+    stamp = local.isoformat(timespec="minutes")  # seconds only defeat prompt caching
     return _section("Current time", f"{stamp} ({local.strftime('%A')}), time zone {spec.timezone}.")
 
 
