@@ -68,9 +68,10 @@ class PromptSpec:
     now: datetime  # must be timezone-aware
     mode: PromptMode = "full"
     timezone: str = "UTC"
-    tools: Mapping[str, str] = field(default_factory=dict)  # tool name -> description
-    user_name: str = ""
-    user_id: str = ""
+    # tool name -> description, as a mapping or as (name, description) pairs
+    tools: Mapping[str, str] | Sequence[tuple[str, str]] = field(default_factory=dict)
+    user_name: str | None = ""
+    user_id: str | None = ""
     channel: str = "console"
     agent_id: str = "main"
     model: str = ""
@@ -98,9 +99,8 @@ def identity_section(spec: PromptSpec) -> str:
 def tooling_section(spec: PromptSpec) -> str:
     if not spec.tools:
         return _section("Tooling", "No tools are available in this run. Answer from what you know.")
-    lines = [
-        f"- {single_line(name, 64)}: {single_line(desc, 300)}" for name, desc in sorted(spec.tools.items())
-    ]
+    pairs = spec.tools.items() if isinstance(spec.tools, Mapping) else spec.tools
+    lines = [f"- {single_line(name, 64)}: {single_line(desc, 300)}" for name, desc in sorted(pairs)]
     body = (
         "Tools available in this run:\n"
         + "\n".join(lines)
@@ -144,8 +144,8 @@ def workspace_section(spec: PromptSpec) -> str:
 
 
 def user_section(spec: PromptSpec) -> str:
-    name = single_line(spec.user_name, 100) if spec.user_name.strip() else ""
-    user_id = single_line(spec.user_id, 100) if spec.user_id.strip() else ""
+    name = single_line(spec.user_name, 100) if spec.user_name and spec.user_name.strip() else ""
+    user_id = single_line(spec.user_id, 100) if spec.user_id and spec.user_id.strip() else ""
     if name and user_id:
         who = f"You are talking with {name} (user id {user_id})."
     elif name or user_id:

@@ -43,7 +43,7 @@ MARKDOWN = (
 MULTILINGUAL = "Grüße aus Köln! Το σύστημα λειτουργεί. 今日は晴れです。 Déjà vu ✅🚀\n"
 REPLY_WITH_SCAFFOLDING = (
     "<think>The user wants the status; check the log first.</think>\n"
-    "[Tool Call: read_file]\nArguments:\n{\"path\": \"status.md\"}\n"
+    '[Tool Call: read_file]\nArguments:\n{"path": "status.md"}\n'
     "<final>All services are up.</final>\n\n"
 )
 

@@ -246,12 +246,20 @@ def test_user_name_is_one_neutralized_line(tmp_path: Path) -> None:
 
 def test_anonymous_user(tmp_path: Path) -> None:
     assert "not identified" in section(build_system_prompt(spec(tmp_path, user_name="", user_id="")), "User")
+    assert "not identified" in section(
+        build_system_prompt(spec(tmp_path, user_name=None, user_id=None)), "User"
+    )
+    assert "with user id 7." in section(
+        build_system_prompt(spec(tmp_path, user_name=None, user_id="7")), "User"
+    )
 
 
 def test_tooling_lists_tools_sorted_or_says_none(tmp_path: Path) -> None:
     tooling = section(build_system_prompt(spec(tmp_path)), "Tooling")
     assert tooling.index("- bash: Run a command.") < tooling.index("- read_file: Read a file.")
     assert "No tools are available" in section(build_system_prompt(spec(tmp_path, tools={})), "Tooling")
+    as_pairs = spec(tmp_path, tools=[("read_file", "Read a file."), ("bash", "Run a command.")])
+    assert build_system_prompt(as_pairs) == build_system_prompt(spec(tmp_path))
 
 
 def test_prompt_is_deterministic(tmp_path: Path) -> None:
