@@ -36,6 +36,7 @@ RETRIES = 3
 BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 1.0
 HEALTH_CHECK_INTERVAL_S = 30
+OPEN_TIMEOUT_S = 10.0  # the first PING, retries included
 # Blocking commands (BLPOP, XREAD BLOCK …) must return before the socket timeout fires,
 # or redis-py treats the wait as a dead connection and retries it.
 MAX_BLOCKING_S = 4.0
@@ -129,7 +130,9 @@ class RedisHandle:
         await self.close()
 
 
-async def open_redis(cfg: RedisConfig, workspace: Path) -> RedisHandle:
+async def open_redis(
+    cfg: RedisConfig, workspace: Path, *, open_timeout_s: float = OPEN_TIMEOUT_S
+) -> RedisHandle:
     """Connect as configured and check Redis answers; raises :class:`StoreUnavailable` if not."""
     keys = Keys(cfg.prefix)
     server: EmbeddedValkey | None = None
@@ -150,7 +153,13 @@ async def open_redis(cfg: RedisConfig, workspace: Path) -> RedisHandle:
         client=client, prefix=cfg.prefix, url=shown, embedded=server is not None, keys=keys, _server=server
     )
     try:
-        await client.ping()
+        async with asyncio.timeout(open_timeout_s):
+            await client.ping()
+    except TimeoutError:  # before OSError, of which it is a subclass
+        await handle.close()
+        raise StoreUnavailable(
+            f"Redis at {shown} did not answer within {open_timeout_s:g} s", url=shown
+        ) from None
     except (RedisError, OSError) as exc:
         await handle.close()
         raise StoreUnavailable(f"cannot use Redis at {shown}: {_describe(exc)}", url=shown) from None

@@ -33,6 +33,7 @@ OnLost = Callable[[], Awaitable[None] | None]
 
 DEFAULT_TTL_S = 30.0
 MAX_POLL_S = 0.5
+MAX_RELEASE_WAIT_S = 5.0
 
 # Take the lease if free; also succeeds (and refreshes) when it already holds our token.
 ACQUIRE = """
@@ -77,6 +78,8 @@ class Lease:
         auto_renew: bool = True,
         acquire_timeout_s: float | None = None,
     ) -> None:
+        """``on_lost`` (sync or async) runs in the watchdog task; keep it short, e.g. cancel
+        the run's task rather than await its end. ``acquire_timeout_s`` bounds ``async with``."""
         if ttl_s < 0.1:
             raise ValueError(f"a lease TTL must be at least 0.1 s, got {ttl_s!r}")
         self._client = client
@@ -146,7 +149,8 @@ class Lease:
     async def release(self) -> bool:
         """Stop renewing and delete the key if still ours. True when it was deleted.
 
-        A Redis error here is logged, not raised: the key then expires by its TTL.
+        A Redis error here is logged, not raised: the key then expires by its TTL. Safe to
+        call from ``on_lost`` (the watchdog is not awaited then) and more than once.
         """
         watchdog, self._watchdog = self._watchdog, None
         if watchdog is not None and watchdog is not asyncio.current_task():
@@ -157,8 +161,10 @@ class Lease:
         if token is None:
             return False
         try:
-            return bool(await self._release(keys=[self.key], args=[token]))
-        except (RedisError, OSError) as exc:
+            # Bounded: once the TTL has passed the key is gone anyway.
+            async with asyncio.timeout(min(self.ttl_s, MAX_RELEASE_WAIT_S)):
+                return bool(await self._release(keys=[self.key], args=[token]))
+        except (RedisError, OSError, TimeoutError) as exc:
             log.warning("store.lease.release_failed", key=self.key, error=type(exc).__name__)
             return False
 

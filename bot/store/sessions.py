@@ -17,7 +17,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError
 
 from agent.types import Message
 from bot.store import session_scripts
@@ -52,7 +52,7 @@ class SessionInfo(BaseModel):
     resets: int = 0
     trimmed: int = 0  # messages dropped by the length cap since the last reset
     version: int = 0
-    usage: SessionUsage = SessionUsage()
+    usage: SessionUsage = Field(default_factory=SessionUsage)
 
 
 class SessionSnapshot(BaseModel):

@@ -279,3 +279,18 @@ async def test_ping_is_false_once_the_server_is_gone(tmp_path: Path) -> None:
 )
 def test_redact_url(url: str, shown: str) -> None:
     assert redact_url(url) == shown
+
+
+async def test_a_server_that_never_answers_times_out_clearly(tmp_path: Path) -> None:
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    port = silent.getsockname()[1]
+    try:
+        with pytest.raises(StoreUnavailable, match="did not answer within 1 s") as info:
+            await open_redis(
+                RedisConfig(url=f"redis://u:s3cret-pw@127.0.0.1:{port}"), tmp_path, open_timeout_s=1
+            )
+        assert "s3cret-pw" not in str(info.value)
+    finally:
+        silent.close()
