@@ -1,0 +1,33 @@
+"""Who may talk to the bot on Slack: ``allow_from`` users and ``channels`` (IDs).
+
+An empty list admits nobody and ``"*"`` admits anyone. A DM needs its user allowed; a
+channel message needs the channel allowed and the user allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+ANY = "*"
+
+
+@dataclass(frozen=True)
+class AccessPolicy:
+    allow_from: frozenset[str]
+    channels: frozenset[str]
+
+    @classmethod
+    def of(cls, allow_from: Iterable[str], channels: Iterable[str]) -> AccessPolicy:
+        return cls(frozenset(s.strip() for s in allow_from), frozenset(s.strip() for s in channels))
+
+    def user_allowed(self, user_id: str) -> bool:
+        return bool(user_id) and (ANY in self.allow_from or user_id in self.allow_from)
+
+    def channel_allowed(self, channel_id: str) -> bool:
+        return bool(channel_id) and (ANY in self.channels or channel_id in self.channels)
+
+    def admits(self, *, is_dm: bool, channel_id: str, user_id: str) -> bool:
+        if is_dm:
+            return self.user_allowed(user_id)
+        return self.channel_allowed(channel_id) and self.user_allowed(user_id)

@@ -1,0 +1,52 @@
+"""What the Slack channel needs to know, mirroring the ``slack:`` config section.
+
+The channel does not import the daemon's config model; the daemon maps it onto this
+dataclass (secrets as plain strings, kept out of ``repr``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SlackMode = Literal["socket", "http"]
+
+
+@dataclass(frozen=True)
+class SlackSettings:
+    bot_token: str = field(repr=False)
+    app_token: str | None = field(default=None, repr=False)
+    signing_secret: str | None = field(default=None, repr=False)
+    mode: SlackMode = "socket"
+    api_base_url: str | None = None
+    events_path: str = "/slack/events"
+    allow_from: tuple[str, ...] = ()
+    channels: tuple[str, ...] = ()
+    require_mention: bool = True
+    # Beyond the config contract: tuning with safe defaults.
+    preview_interval_s: float = 1.0
+    api_max_retries: int = 3
+    api_timeout_s: float = 30.0
+    connect_timeout_s: float = 10.0
+    socket_ping_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.bot_token:
+            raise ValueError("slack: bot_token is required")
+        if self.mode not in ("socket", "http"):
+            raise ValueError(f"slack: mode must be 'socket' or 'http', got {self.mode!r}")
+        if self.mode == "socket" and not self.app_token:
+            raise ValueError("slack: app_token is required in socket mode")
+        if self.mode == "http" and not self.signing_secret:
+            raise ValueError("slack: signing_secret is required in http mode")
+        if not self.events_path.startswith("/"):
+            raise ValueError("slack: events_path must start with '/'")
+        # Accept lists from the config model as well as tuples.
+        object.__setattr__(self, "allow_from", tuple(str(v) for v in self.allow_from))
+        object.__setattr__(self, "channels", tuple(str(v) for v in self.channels))
+
+    @property
+    def base_url(self) -> str:
+        """The Web API base URL with the trailing slash slack_sdk expects."""
+        url = self.api_base_url or "https://slack.com/api/"
+        return url if url.endswith("/") else url + "/"
