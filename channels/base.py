@@ -51,8 +51,7 @@ class SubmitResult:
     detail: str = ""
 
 
-class SubmitFn(Protocol):
-    async def __call__(self, request: RunRequest) -> SubmitResult: ...
+SubmitFn = Callable[[RunRequest], Awaitable[SubmitResult]]
 
 
 class SessionKeyFn(Protocol):

@@ -1,0 +1,1 @@
+"""The gateway: turns RunRequests into runs and replies, exactly once, one run per session."""

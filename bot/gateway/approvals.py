@@ -1,0 +1,126 @@
+"""Approvals for admin tools: ask the chat, wait for ``/approve ID`` or ``/deny ID``.
+
+The request lives in Redis, so the answer may arrive on any replica; a broadcast wakes
+the waiting run at once and a one-second poll of the key covers a missed broadcast.
+No answer within the timeout, or a ``/stop``, denies: approvals fail closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+
+from bot.gateway.broadcast import Broadcast
+
+log = structlog.get_logger(__name__)
+
+_RESOLVE = """
+local raw = redis.call('GET', KEYS[1])
+if not raw then return 'missing' end
+local data = cjson.decode(raw)
+if data['status'] ~= 'pending' then return data['status'] end
+if ARGV[2] ~= '' and data['chat_id'] ~= ARGV[2] then return 'wrong_chat' end
+data['status'] = ARGV[1]
+data['by'] = ARGV[3]
+redis.call('SET', KEYS[1], cjson.encode(data), 'KEEPTTL')
+return 'ok'
+"""
+
+AskFn = Callable[[str, str], Awaitable[None]]
+
+
+def summarize_call(tool: str, args: dict[str, Any], limit: int = 600) -> str:
+    text = json.dumps(args, ensure_ascii=False, sort_keys=True)
+    if len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return f"{tool} {text}"
+
+
+class Approvals:
+    def __init__(self, client: aioredis.Redis, prefix: str, broadcast: Broadcast, timeout_s: float = 300.0) -> None:
+        self._r = client
+        self._prefix = prefix
+        self._timeout_s = timeout_s
+        self._waiters: dict[str, asyncio.Event] = {}
+        self._resolve = client.register_script(_RESOLVE)
+        self._broadcast = broadcast
+        broadcast.on(self.channel, self._on_message)
+
+    @property
+    def channel(self) -> str:
+        return f"{self._prefix}:approvals"
+
+    def _key(self, approval_id: str) -> str:
+        return f"{self._prefix}:approval:{approval_id}"
+
+    async def request(
+        self, *, session_key: str, chat_id: str, run_id: str, user_id: str, tool: str, args: dict[str, Any], ask: AskFn
+    ) -> bool:
+        """Post an approval request through ``ask`` and wait for the answer (False on timeout)."""
+        approval_id = secrets.token_hex(4)
+        data = {
+            "status": "pending", "session": session_key, "chat_id": chat_id, "run_id": run_id,
+            "user_id": user_id, "tool": tool,
+        }
+        key = self._key(approval_id)
+        await self._r.set(key, json.dumps(data), ex=int(self._timeout_s) + 3600)
+        event = self._waiters[approval_id] = asyncio.Event()
+        try:
+            await ask(approval_id, summarize_call(tool, args))
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self._timeout_s
+            while True:
+                status = await self._status(key)
+                if status != "pending":
+                    log.info("approval.answered", approval_id=approval_id, tool=tool, status=status)
+                    return status == "approved"
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    await self._finish(key, "expired")
+                    log.info("approval.expired", approval_id=approval_id, tool=tool)
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(event.wait(), timeout=min(1.0, remaining))
+                event.clear()
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self._finish(key, "cancelled"))
+            raise
+        finally:
+            self._waiters.pop(approval_id, None)
+
+    async def resolve(self, approval_id: str, approved: bool, *, chat_id: str, user_id: str) -> str:
+        """Answer a pending request; returns a short reply for the person who answered."""
+        outcome = await self._resolve(
+            keys=[self._key(approval_id)], args=["approved" if approved else "denied", chat_id, user_id]
+        )
+        outcome = str(outcome)
+        if outcome == "ok":
+            await self._broadcast.publish(self.channel, {"id": approval_id})
+            return "Approved." if approved else "Denied."
+        if outcome == "missing":
+            return f"No approval request {approval_id}."
+        if outcome == "wrong_chat":
+            return f"Approval request {approval_id} belongs to another chat."
+        return f"Approval request {approval_id} is already {outcome}."
+
+    async def _status(self, key: str) -> str:
+        raw = await self._r.get(key)
+        if raw is None:
+            return "expired"
+        return str(json.loads(raw).get("status", "pending"))
+
+    async def _finish(self, key: str, status: str) -> None:
+        await self._resolve(keys=[key], args=[status, "", "system"])
+
+    async def _on_message(self, data: dict[str, Any]) -> None:
+        event = self._waiters.get(str(data.get("id")))
+        if event is not None:
+            event.set()

@@ -1,0 +1,108 @@
+"""Answers to control commands (/stop, /stopall, /new, /status, /help, /approve, /deny).
+
+They bypass the queue, the debounce and the input guard: a /stop must never wait
+behind the run it is meant to stop.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import redis.asyncio as aioredis
+import structlog
+
+from agent.types import RunRequest
+from bot import metrics
+from bot.gateway.approvals import Approvals
+from bot.gateway.commands import HELP_TEXT, Command
+from bot.gateway.delivery import DeliveryLedger
+from bot.gateway.inbox import DEDUPE_TTL_S, Inbox, dedupe_key_name
+from bot.gateway.reply import notify
+from bot.store.sessions import SessionStore
+from channels.base import ChannelAdapter, Target
+
+log = structlog.get_logger(__name__)
+
+
+class GatewayOps(Protocol):
+    inbox: Inbox
+
+    async def stop_session(self, session_key: str) -> None: ...
+    async def is_busy(self, session_key: str) -> bool: ...
+    async def is_running(self, session_key: str) -> bool: ...
+
+
+class ControlCommands:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str,
+        channels: dict[str, ChannelAdapter],
+        sessions: SessionStore,
+        approvals: Approvals,
+        ledger: DeliveryLedger,
+        *,
+        model: str,
+        context_window: int,
+    ) -> None:
+        self._r = client
+        self._prefix = prefix
+        self._channels = channels
+        self._sessions = sessions
+        self._approvals = approvals
+        self._ledger = ledger
+        self._model = model
+        self._context_window = context_window
+
+    async def first_time(self, dedupe_key: str) -> bool:
+        return bool(await self._r.set(dedupe_key_name(self._prefix, dedupe_key), "1", nx=True, ex=DEDUPE_TTL_S))
+
+    async def handle(self, command: Command, req: RunRequest, gateway: GatewayOps) -> None:
+        metrics.COMMANDS.labels(command.name).inc()
+        log.info("command", command=command.name, session_key=req.session_key, user_id=req.user_id)
+        session_key = req.session_key
+        if command.name == "stop":
+            await gateway.stop_session(session_key)
+            text = "Stopped."
+        elif command.name == "stopall":
+            dropped = await gateway.inbox.clear(session_key)
+            await gateway.stop_session(session_key)
+            text = "Stopped." + (f" Dropped {len(dropped)} queued message(s)." if dropped else "")
+        elif command.name == "new":
+            await gateway.stop_session(session_key)
+            await gateway.inbox.clear(session_key)
+            await self._sessions.reset(session_key)
+            text = "Started a fresh session."
+        elif command.name == "status":
+            text = await self._status(session_key, gateway)
+        elif command.name == "help":
+            text = HELP_TEXT
+        elif command.name in ("approve", "deny"):
+            text = await self._approvals.resolve(
+                command.arg or "", command.name == "approve", chat_id=req.chat_id, user_id=req.user_id
+            )
+        else:  # pragma: no cover - parse_command only yields the names above
+            text = f"Unknown command /{command.name}."
+        await self._answer(req, text)
+
+    async def _status(self, session_key: str, gateway: GatewayOps) -> str:
+        usage = await self._sessions.usage(session_key)
+        waiting = await gateway.inbox.waiting(session_key)
+        running = await gateway.is_running(session_key)
+        share = usage.last_prompt_tokens / self._context_window if self._context_window else 0.0
+        return "\n".join(
+            [
+                f"Model: {self._model}",
+                f"Tokens: last prompt {usage.last_prompt_tokens} ({share:.0%} of {self._context_window}), "
+                f"total prompt {usage.total_prompt_tokens}, total completion {usage.total_completion_tokens}",
+                f"Queue: {waiting} waiting",
+                f"Active run: {'yes' if running else 'no'}",
+            ]
+        )
+
+    async def _answer(self, req: RunRequest, text: str) -> None:
+        channel = self._channels.get(req.channel)
+        if channel is None:
+            log.warning("command.no_channel", channel=req.channel)
+            return
+        await notify(channel, Target.of(req), self._ledger, req.run_id, "command", text)

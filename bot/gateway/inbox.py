@@ -1,0 +1,148 @@
+"""Per-session inboxes in Redis.
+
+A message waits in ``inbox:<session>``; when a worker takes it, it moves to
+``running:<session>`` and stays there until its run is recorded, so a replica that
+dies mid-run leaves the work for whoever takes the session lock next (at-least-once
+runs; delivery is de-duplicated separately). ``pending`` indexes every session with
+work, so sweepers on any replica can find sessions nobody is serving.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from agent.types import RunRequest
+
+_ENQUEUE = """
+if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
+  return false
+end
+redis.call('RPUSH', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[3], 'NX', ARGV[3], ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+local dropped = {}
+local cap = tonumber(ARGV[2])
+while redis.call('LLEN', KEYS[1]) > cap do
+  table.insert(dropped, redis.call('LPOP', KEYS[1]))
+end
+return dropped
+"""
+
+_TAKE = """
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+if #items > 0 then
+  for i = 1, #items do redis.call('RPUSH', KEYS[2], items[i]) end
+  redis.call('DEL', KEYS[1])
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+end
+return items
+"""
+
+_FINISH = """
+redis.call('DEL', KEYS[1])
+if redis.call('LLEN', KEYS[2]) == 0 then
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  return 0
+end
+return 1
+"""
+
+_KEEP_MS = 7 * 24 * 3600 * 1000
+
+
+DEDUPE_TTL_S = 24 * 3600
+
+
+@dataclass
+class EnqueueResult:
+    dropped: list[RunRequest]
+    duplicate: bool = False
+
+
+class Inbox:
+    """The Redis side of queueing: enqueue, take, finish, and finding stranded work."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self._r = client
+        self._prefix = prefix
+        self._enqueue = client.register_script(_ENQUEUE)
+        self._take = client.register_script(_TAKE)
+        self._finish = client.register_script(_FINISH)
+
+    def _inbox(self, session_key: str) -> str:
+        return f"{self._prefix}:inbox:{session_key}"
+
+    def _running(self, session_key: str) -> str:
+        return f"{self._prefix}:running:{session_key}"
+
+    @property
+    def _pending(self) -> str:
+        return f"{self._prefix}:pending"
+
+    async def enqueue(self, req: RunRequest, cap: int, *, dedupe_key: str | None = None) -> EnqueueResult:
+        """Append ``req`` unless ``dedupe_key`` was seen in the last 24 h (one atomic step,
+        so a failed enqueue never leaves the key behind to swallow the platform's retry).
+        When the inbox passes ``cap`` the oldest entries are dropped and returned."""
+        dedupe = dedupe_key_name(self._prefix, dedupe_key) if dedupe_key else ""
+        raw = await self._enqueue(
+            keys=[self._inbox(req.session_key), self._running(req.session_key), self._pending, dedupe],
+            args=[req.model_dump_json(), cap, time.time(), req.session_key, _KEEP_MS, DEDUPE_TTL_S],
+        )
+        if raw is None:
+            return EnqueueResult(dropped=[], duplicate=True)
+        return EnqueueResult(dropped=[RunRequest.model_validate_json(item) for item in raw])
+
+    async def take(self, session_key: str) -> list[RunRequest]:
+        """Move everything waiting into the running list and return it (oldest first)."""
+        raw = await self._take(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS])
+        return [RunRequest.model_validate_json(item) for item in raw or []]
+
+    async def running(self, session_key: str) -> list[RunRequest]:
+        """Work a previous holder took but never finished (it died or lost its lock)."""
+        raw = await self._r.lrange(self._running(session_key), 0, -1)
+        return [RunRequest.model_validate_json(item) for item in raw]
+
+    async def finish(self, session_key: str) -> bool:
+        """Forget the running batch; True when more messages are already waiting."""
+        more = await self._finish(
+            keys=[self._running(session_key), self._inbox(session_key), self._pending], args=[session_key]
+        )
+        return bool(more)
+
+    async def peek(self, session_key: str) -> RunRequest | None:
+        raw = await self._r.lindex(self._inbox(session_key), 0)
+        return RunRequest.model_validate_json(raw) if raw else None
+
+    async def waiting(self, session_key: str) -> int:
+        return int(await self._r.llen(self._inbox(session_key)))
+
+    async def clear(self, session_key: str) -> list[RunRequest]:
+        """Empty the inbox (``/stopall``); the running batch is left to its run."""
+        pipe = self._r.pipeline(transaction=True)
+        pipe.lrange(self._inbox(session_key), 0, -1)
+        pipe.delete(self._inbox(session_key))
+        raw, _ = await pipe.execute()
+        return [RunRequest.model_validate_json(item) for item in raw]
+
+    async def pending_sessions(self, older_than_s: float = 0.0, limit: int = 100) -> list[str]:
+        """Sessions that have had work waiting for at least ``older_than_s`` seconds."""
+        cutoff = time.time() - older_than_s
+        keys = await self._r.zrangebyscore(self._pending, "-inf", cutoff, start=0, num=limit)
+        return [str(k) for k in keys]
+
+    async def depth(self) -> int:
+        return int(await self._r.zcard(self._pending))
+
+
+def dedupe_key_name(prefix: str, key: str) -> str:
+    return f"{prefix}:dedupe:{key}"
+
+
+def describe(req: RunRequest, limit: int = 60) -> str:
+    """A short quote of a message for notices ("dropped: …")."""
+    text = " ".join(req.text.split())
+    return json.dumps(text if len(text) <= limit else text[: limit - 1] + "…", ensure_ascii=False)

@@ -1,0 +1,47 @@
+"""A ChatModel wrapper that records each LLM call as a trace span and in metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from agent.llm_types import ChatModel as ChatModelProto
+from agent.llm_types import DeltaCallback, LLMError, LLMResponse
+from agent.types import Message
+from bot import metrics
+from bot.tracing import Trace, clip, verbose
+
+
+class TracingModel:
+    def __init__(self, inner: ChatModelProto, trace: Trace, model_name: str) -> None:
+        self._inner = inner
+        self._trace = trace
+        self._model = model_name
+
+    async def complete(
+        self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, on_delta: DeltaCallback | None = None
+    ) -> LLMResponse:
+        start = time.time()
+        extra: dict[str, Any] = {}
+        if verbose():
+            extra["input"] = clip("\n".join(f"{m.role}: {m.content or ''}" for m in messages))
+        try:
+            response = await self._inner.complete(messages, tools, on_delta)
+        except LLMError as exc:
+            self._trace.span("llm", self._model, start, error=f"{exc.kind}: {exc}", tools=bool(tools), **extra)
+            metrics.LLM_SECONDS.labels(self._model, "error").observe(time.time() - start)
+            raise
+        usage = response.usage
+        if verbose():
+            extra["output"] = clip(response.text)
+        self._trace.span(
+            "llm", self._model, start,
+            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+            estimated=usage.estimated, tool_calls=len(response.tool_calls), attempts=response.attempts,
+            tools=bool(tools), **extra,
+        )
+        metrics.LLM_SECONDS.labels(self._model, "ok").observe(time.time() - start)
+        metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
+        metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
+        return response

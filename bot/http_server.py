@@ -1,0 +1,77 @@
+"""The one HTTP server: health, readiness, metrics and the webhook routes channels add."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from bot import metrics
+from channels.base import RouteHandler
+
+log = structlog.get_logger(__name__)
+
+# Returns {component: ok} for readiness.
+ReadinessFn = Callable[[], Awaitable[dict[str, bool]]]
+
+
+class HttpServer:
+    def __init__(self, host: str, port: int, max_body_bytes: int, readiness: ReadinessFn) -> None:
+        self._host = host
+        self._port = port
+        self._readiness = readiness
+        self.app = web.Application(client_max_size=max_body_bytes, middlewares=[_body_limit(max_body_bytes)])
+        self.app.router.add_get("/healthz", self._healthz)
+        self.app.router.add_get("/readyz", self._readyz)
+        self.app.router.add_get("/metrics", self._metrics)
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+
+    def add_route(self, method: str, path: str, handler: RouteHandler) -> None:
+        self.app.router.add_route(method, path, handler)
+
+    async def start(self) -> None:
+        self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
+        await site.start()
+        server = site._server
+        sockets = getattr(server, "sockets", None) or []
+        self.port = sockets[0].getsockname()[1] if sockets else self._port
+        log.info("http.listening", host=self._host, port=self.port)
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _healthz(self, _: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def _readyz(self, _: web.Request) -> web.Response:
+        try:
+            parts = await self._readiness()
+        except Exception as exc:
+            return web.json_response({"status": "down", "error": str(exc)}, status=503)
+        down = sorted(name for name, ok in parts.items() if not ok)
+        body = {"status": "ready" if not down else "down", "down": down, "checks": parts}
+        return web.json_response(body, status=200 if not down else 503)
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(body=metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+def _body_limit(limit: int) -> Callable[..., Awaitable[web.StreamResponse]]:
+    """Reject an oversized body from its Content-Length, before reading any of it."""
+
+    @web.middleware
+    async def middleware(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        length = request.content_length
+        if length is not None and length > limit:
+            return web.json_response({"error": f"body too large ({length} > {limit} bytes)"}, status=413)
+        return await handler(request)
+
+    return middleware
