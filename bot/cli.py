@@ -1,0 +1,92 @@
+"""``botd``: the command line (DESIGN.md §4.1). Exit codes: 0 ok, 1 failure, 2 bad config or usage."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from bot.config import BotdConfig, ConfigError, load_config
+from bot.logs import configure_logging
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="botd", description="Chat-platform bot daemon.")
+    parser.add_argument("--config", help="config file (default: $BOTD_CONFIG, else ./botd.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("run", help="run the daemon until SIGTERM/SIGINT")
+    sub.add_parser("chat", help="talk to the bot on this terminal")
+    sub.add_parser("doctor", help="check config, Redis, the LLM endpoint and channel tokens")
+
+    cron = sub.add_parser("cron", help="scheduled jobs").add_subparsers(dest="cron_command", required=True)
+    add = cron.add_parser("add", help="add a job; prints its id")
+    when = add.add_mutually_exclusive_group(required=True)
+    when.add_argument("--at", help="ISO-8601 time, once")
+    when.add_argument("--in", dest="in_", help="delay such as 20m, once")
+    when.add_argument("--every", help="interval such as 1h")
+    when.add_argument("--cron", help='5-field crontab, e.g. "0 9 * * 1-5"')
+    add.add_argument("--tz", help="IANA timezone for --at and --cron")
+    add.add_argument("--channel", required=True, choices=["telegram", "slack", "console"])
+    add.add_argument("--chat-id", required=True)
+    add.add_argument("--thread-id")
+    add.add_argument("--prompt", required=True)
+    add.add_argument("--allow", help="extra tool categories, e.g. write,admin")
+    add.add_argument("--id", dest="job_id", help="job id (default: generated)")
+    listing = cron.add_parser("list", help="list jobs")
+    listing.add_argument("--json", action="store_true")
+    cron.add_parser("rm", help="remove a job").add_argument("id")
+    run_now = cron.add_parser("run-now", help="run a job now on a running daemon (heartbeat: 'heartbeat')")
+    run_now.add_argument("id")
+    run_now.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                         help="wait up to SECONDS for the run's ledger entry and print it")
+
+    sessions = sub.add_parser("sessions", help="stored sessions").add_subparsers(dest="sessions_command", required=True)
+    sessions.add_parser("list", help="sessions by last activity").add_argument("--limit", type=int, default=50)
+    sessions.add_parser("show", help="one session").add_argument("key")
+    sessions.add_parser("reset", help="clear one session's history").add_argument("key")
+
+    sub.add_parser("trace", help="show the trace of a run").add_argument("run_id")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    configure_logging(cfg.log.level, cfg.log.format)
+    try:
+        return asyncio.run(_dispatch(args, cfg))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
+    from bot import cli_commands as commands
+    from bot.store.errors import StoreUnavailable
+
+    try:
+        if args.command == "run":
+            return await commands.run(cfg)
+        if args.command == "chat":
+            return await commands.chat(cfg)
+        if args.command == "doctor":
+            return await commands.doctor(cfg)
+        if args.command == "cron":
+            return await commands.cron(cfg, args)
+        if args.command == "sessions":
+            return await commands.sessions(cfg, args)
+        if args.command == "trace":
+            return await commands.trace(cfg, args.run_id)
+    except StoreUnavailable as exc:
+        print(f"botd: {exc}", file=sys.stderr)
+        return 1
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""What each ``botd`` subcommand does once the config is loaded."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from bot.config import BotdConfig
+from bot.daemon import Daemon
+from bot.store.connection import RedisHandle, open_redis
+from bot.tracing import TraceStore, render_trace
+
+
+@asynccontextmanager
+async def store(cfg: BotdConfig) -> AsyncIterator[RedisHandle]:
+    """The configured Redis (joining, or starting, the embedded server)."""
+    handle = await open_redis(cfg.redis, cfg.workspace)
+    try:
+        yield handle
+    finally:
+        await handle.close()
+
+
+async def run(cfg: BotdConfig) -> int:
+    await Daemon(cfg).run_until_signal()
+    return 0
+
+
+async def chat(cfg: BotdConfig) -> int:
+    from channels.console import ConsoleChannel
+
+    console = ConsoleChannel()
+    daemon = Daemon(cfg, channels={"console": console}, with_http=False, with_scheduler=False)
+    await daemon.start()
+    try:
+        await console.closed.wait()
+        await _wait_idle(daemon)
+    finally:
+        await daemon.stop()
+    return 0
+
+
+async def _wait_idle(daemon: Daemon, timeout_s: float = 600.0) -> None:
+    """After stdin closes, let the last message's run finish before exiting."""
+    app = daemon.app
+    if app is None:
+        return
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    await asyncio.sleep(0.2)
+    while loop.time() < deadline and (await app.gateway.inbox.depth() or app.gateway.busy_locally()):
+        await asyncio.sleep(0.1)
+
+
+async def doctor(cfg: BotdConfig) -> int:
+    from bot.doctor import run_checks
+
+    results = await run_checks(cfg)
+    for name, ok, detail in results:
+        print(f"{'ok  ' if ok else 'FAIL'}  {name}: {detail}")
+    return 0 if all(ok for _, ok, _ in results) else 1
+
+
+async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
+    from scheduler import cron_commands as cc
+    from scheduler.errors import CronError
+    from scheduler.store import JobStore
+
+    async with store(cfg) as handle:
+        jobs = JobStore(handle.client, cfg.redis.prefix)
+        try:
+            if args.cron_command == "add":
+                options = cc.CronAddOptions(
+                    prompt=args.prompt, channel=args.channel, chat_id=args.chat_id, thread_id=args.thread_id,
+                    at=args.at, in_=args.in_, every=args.every, cron=args.cron, tz=args.tz,
+                    allow=args.allow, job_id=args.job_id,
+                )
+                print(await cc.cron_add(jobs, options, default_timezone=cfg.scheduler.timezone))
+            elif args.cron_command == "list":
+                if args.json:
+                    print(await cc.cron_list_json(jobs))
+                else:
+                    print(cc.format_job_table(await cc.cron_list(jobs)))
+            elif args.cron_command == "rm":
+                await cc.cron_remove(jobs, args.id)
+                print(f"removed {args.id}")
+            elif args.cron_command == "run-now":
+                request_id = await cc.cron_run_now(jobs, args.id)
+                print(f"requested {request_id}")
+                if args.wait > 0:
+                    record = await cc.wait_for_run(jobs, args.id, request_id, timeout_s=args.wait)
+                    if record is None:
+                        print("no result yet (is a daemon running?)", file=sys.stderr)
+                        return 1
+                    print(record.model_dump_json())
+        except CronError as exc:
+            print(f"botd cron: {exc}", file=sys.stderr)
+            return 2
+    return 0
+
+
+async def sessions(cfg: BotdConfig, args: argparse.Namespace) -> int:
+    from bot.store.sessions import SessionStore
+
+    async with store(cfg) as handle:
+        sessions_store = SessionStore(handle.client, handle.keys)
+        if args.sessions_command == "list":
+            page = await sessions_store.list_sessions(limit=max(1, min(args.limit, 1000)))
+            for info in page.sessions:
+                print(json.dumps(info.model_dump(mode="json"), ensure_ascii=False))
+        elif args.sessions_command == "show":
+            info = await sessions_store.show(args.key)
+            if not info.exists:
+                print(f"no session {args.key}", file=sys.stderr)
+                return 1
+            print(json.dumps(info.model_dump(mode="json"), ensure_ascii=False, indent=2))
+            for message in await sessions_store.history(args.key):
+                print(message.model_dump_json(exclude_none=True))
+        elif args.sessions_command == "reset":
+            existed = await sessions_store.reset(args.key)
+            print(f"reset {args.key}" if existed else f"no session {args.key}")
+    return 0
+
+
+async def trace(cfg: BotdConfig, run_id: str) -> int:
+    async with store(cfg) as handle:
+        found = await TraceStore(handle.client, cfg.redis.prefix).load(run_id)
+    if found is None:
+        print(f"no trace for run {run_id}", file=sys.stderr)
+        return 1
+    print(render_trace(found))
+    return 0
