@@ -56,8 +56,8 @@ async def _telegram(cfg: BotdConfig) -> str:
     from telegram import Bot
 
     token = cfg.telegram.token.get_secret_value() if cfg.telegram.token else ""
-    kwargs = {"base_url": cfg.telegram.api_base_url} if cfg.telegram.api_base_url else {}
-    async with Bot(token, **kwargs) as bot:
+    base_url = cfg.telegram.api_base_url or "https://api.telegram.org/bot"
+    async with Bot(token, base_url=base_url) as bot:
         me = await bot.get_me()
     return f"token accepted for @{me.username}"
 
