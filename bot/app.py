@@ -48,7 +48,8 @@ def tool_settings(cfg: BotdConfig) -> ToolSettings:
     return ToolSettings(
         workspace=cfg.workspace,
         allowed_paths=tuple(Path(p) for p in cfg.allowed_paths()),
-        denied_paths=tuple(Path(p).expanduser() for p in cfg.security.denied_paths),
+        # The store's own files (embedded Valkey data and socket) are never a tool's business.
+        denied_paths=(*(Path(p).expanduser() for p in cfg.security.denied_paths), cfg.workspace / ".botd"),
         timeout_s=cfg.security.tool_timeout_s,
         max_output_bytes=cfg.security.max_tool_output_bytes,
         env_allowlist=tuple(cfg.security.env_allowlist),
