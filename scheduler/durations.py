@@ -30,3 +30,16 @@ def parse_duration(text: str) -> float:
     if total <= 0:
         raise ValueError(f"duration must be positive: {raw!r}")
     return total
+
+
+def format_duration(seconds: float) -> str:
+    """The short human form parse_duration reads back: 90 -> ``1m30s``, 3600 -> ``1h``."""
+    total = round(float(seconds))
+    if total <= 0:
+        return f"{float(seconds):g}s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, total = divmod(total, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)

@@ -1,0 +1,87 @@
+"""What the scheduler needs from the daemon, as small Protocols the daemon implements.
+
+The scheduler never imports ``bot`` or ``channels``: a fire becomes a
+:class:`~agent.types.RunRequest` that the daemon's :class:`ScheduledRunner` pushes
+through the same gateway path as a chat message (session lock, agent loop,
+sanitize, silent-reply checks, delivery) and answers with a
+:class:`ScheduledOutcome`.
+
+Session keys are built by the daemon too; the scheduler receives them as
+arguments: ``session_key_for_job(job_id)`` returning ``agent:<id>:cron:<job_id>``
+and the heartbeat key ``agent:<id>:heartbeat`` (DESIGN.md §4.3).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from agent.types import RunRequest
+
+ScheduledRunStatus = Literal["ok", "error", "skipped", "timeout"]
+DeliveryStatus = Literal["delivered", "silent", "failed", "unknown"]
+TargetChannel = Literal["telegram", "slack", "console"]
+
+RUN_STATUSES: tuple[ScheduledRunStatus, ...] = ("ok", "error", "skipped", "timeout")
+DELIVERY_STATUSES: tuple[DeliveryStatus, ...] = ("delivered", "silent", "failed", "unknown")
+
+
+class JobTarget(BaseModel):
+    """A chat a scheduled run delivers to (and where a job's notices go)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    channel: TargetChannel
+    chat_id: str = Field(min_length=1, max_length=256)
+    thread_id: str | None = Field(default=None, max_length=256)
+
+    @field_validator("chat_id", "thread_id", mode="before")
+    @classmethod
+    def _as_text(cls, value: object) -> object:
+        # Telegram chat ids arrive as ints from YAML/JSON; keep them as text.
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    def same_chat(self, other: JobTarget) -> bool:
+        """Same channel and chat; the thread does not matter for ownership."""
+        return self.channel == other.channel and self.chat_id == other.chat_id
+
+    def describe(self) -> str:
+        where = f"{self.channel} chat {self.chat_id}"
+        return f"{where} (thread {self.thread_id})" if self.thread_id else where
+
+
+@dataclass(frozen=True)
+class ScheduledOutcome:
+    """How a scheduled run went; ``run_status`` and ``delivery_status`` are independent.
+
+    A delivery failure does not make a run fail (the run did its work); NO_REPLY
+    output is ``silent``; ``unknown`` when the gateway could not tell.
+    """
+
+    run_id: str
+    run_status: ScheduledRunStatus
+    delivery_status: DeliveryStatus = "unknown"
+    error: str | None = None
+
+
+class ScheduledRunner(Protocol):
+    """The daemon side of a fire."""
+
+    async def run_scheduled(self, request: RunRequest, *, timeout_s: float) -> ScheduledOutcome:
+        """Run ``request`` through the gateway and wait for it (at most ``timeout_s``).
+
+        ``request.meta["fresh_session"] == "1"`` asks for the session to be reset first
+        (every cron run starts clean). Expected failures come back as an outcome;
+        an exception is recorded as ``error``.
+        """
+        ...
+
+    async def is_busy(self, session_key: str) -> bool:
+        """True while a run holds ``session_key`` or its inbox is non-empty (heartbeat deferral)."""
+        ...
+
+    async def notify(self, target: JobTarget, text: str) -> None:
+        """Send a plain notice to a chat (e.g. a job was disabled); not a run, no LLM."""
+        ...
