@@ -136,7 +136,11 @@ class CommandIntake:
         if not isinstance(actions, list):
             return None
         action = next(
-            (a for a in actions if isinstance(a, dict) and a.get("action_id") in (APPROVE_ACTION, DENY_ACTION)),
+            (
+                a
+                for a in actions
+                if isinstance(a, dict) and a.get("action_id") in (APPROVE_ACTION, DENY_ACTION)
+            ),
             None,
         )
         if action is None:
@@ -147,7 +151,12 @@ class CommandIntake:
         channel = _str(_obj(body, "channel").get("id")) or _str(container.get("channel_id"))
         message_ts = _str(container.get("message_ts")) or _str(message.get("ts"))
         thread_ts = _str(message.get("thread_ts")) or _str(container.get("thread_ts")) or None
-        if not (_APPROVAL_ID.match(approval_id) and _ID.match(user) and _ID.match(channel) and _ID.match(message_ts)):
+        if not (
+            _APPROVAL_ID.match(approval_id)
+            and _ID.match(user)
+            and _ID.match(channel)
+            and _ID.match(message_ts)
+        ):
             log.warning("slack.approval_malformed")
             return None
         if not self._policy.admits(is_dm=channel.startswith("D"), channel_id=channel, user_id=user):
@@ -170,7 +179,9 @@ class CommandIntake:
         if is_dm:
             session = self._ctx.session_key("dm", answer.user)
         else:
-            session = self._ctx.session_key("channel", answer.channel, thread=answer.thread_ts or answer.message_ts)
+            session = self._ctx.session_key(
+                "channel", answer.channel, thread=answer.thread_ts or answer.message_ts
+            )
         request = RunRequest(
             session_key=session,
             channel="slack",
@@ -183,5 +194,7 @@ class CommandIntake:
             meta={"team": answer.team, "scope": "dm" if is_dm else "channel"},
         )
         result = await self._ctx.submit(request)
-        log.info("slack.approval_submitted", run_id=request.run_id, decision=answer.decision, status=result.status)
+        log.info(
+            "slack.approval_submitted", run_id=request.run_id, decision=answer.decision, status=result.status
+        )
         return result

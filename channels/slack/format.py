@@ -286,3 +286,11 @@ def to_mrkdwn(markdown: str) -> str:
 def format_parts(markdown: str, limit: int = SLACK_TEXT_LIMIT) -> list[str]:
     """Slack message texts of at most ``limit`` characters each; [] when nothing shows."""
     return split_blocks(render_blocks(markdown), limit)
+
+
+def preview_part(markdown: str, limit: int = SLACK_TEXT_LIMIT) -> str | None:
+    """What a live preview shows of ``markdown`` so far: its first part (marked when more follows)."""
+    parts = format_parts(markdown, limit)
+    if len(parts) <= 1:
+        return parts[0] if parts else None
+    return format_parts(markdown, limit - 2)[0] + "\n…"

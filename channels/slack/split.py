@@ -2,7 +2,7 @@
 
 The boundaries are those of the Telegram splitter, best first: between blocks
 (paragraphs), between lines, after a sentence, between words, and only as a last resort
-inside a word. Because the input is the structured model of mrkdwn.py rather than a
+inside a word (that last cut is channels.chunking.split_text's). Because the input is the structured model of mrkdwn.py rather than a
 string, a cut never breaks formatting: styles are closed at the end of a part and
 reopened at the start of the next, and a code block cut in two is closed with a fence
 and reopened with one, so every part renders on its own.
@@ -14,6 +14,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
+from channels.chunking import split_text
 from channels.slack.mrkdwn import (
     Block,
     CodeBlock,
@@ -79,7 +80,9 @@ def _split_block(block: Block, limit: int) -> list[str]:
 
 
 def _split_text(block: TextBlock, limit: int) -> list[str]:
-    return _pack(block.lines, lambda _: "\n", lambda line: line.render(), lambda line: split_line(line, limit), limit)
+    return _pack(
+        block.lines, lambda _: "\n", lambda line: line.render(), lambda line: split_line(line, limit), limit
+    )
 
 
 # -- code blocks ----------------------------------------------------------------------
@@ -100,29 +103,14 @@ def _split_code(block: CodeBlock, limit: int) -> list[str]:
     return [opener + body + closer for body in bodies]
 
 
-def _char_cost(ch: str) -> int:
-    """Upper bound of what one raw character costs once escaped."""
-    if ch == "&":
-        return 5
-    if ch in "<>":
-        return 4
-    if ch == "`":
-        return 2  # a zero-width space may follow it
-    return 1
+def _escaped_len(raw: str) -> int:
+    return len(escape_text(raw))
 
 
 def _hard_split(raw: str, budget: int) -> list[str]:
-    """Cut ``raw`` so that each escaped chunk fits ``budget`` (never inside an escape)."""
-    chunks: list[str] = []
-    start, used = 0, 0
-    for index, ch in enumerate(raw):
-        cost = _char_cost(ch)
-        if used + cost > budget and index > start:
-            chunks.append(raw[start:index])
-            start, used = index, 0
-        used += cost
-    chunks.append(raw[start:])
-    return chunks
+    """Cut a piece too long for any part: channels.chunking picks the least bad places
+    (a space, else never inside a combining sequence), measured after escaping."""
+    return split_text(raw, budget, measure=_escaped_len) or [raw]
 
 
 # -- lines ----------------------------------------------------------------------------

@@ -156,7 +156,9 @@ class FakeSlack:
         fault = self._take_fault(method)
         if fault is not None:
             headers = {"Retry-After": str(int(fault.retry_after))} if fault.retry_after is not None else {}
-            return web.json_response({"ok": False, "error": fault.error}, status=fault.status, headers=headers)
+            return web.json_response(
+                {"ok": False, "error": fault.error}, status=fault.status, headers=headers
+            )
         expected = self.app_token if method == "apps.connections.open" else self.bot_token
         if token is None:
             return web.json_response({"ok": False, "error": "not_authed"})
@@ -218,7 +220,13 @@ class FakeSlack:
         if text and len(str(text)) > 40000:
             return {"ok": False, "error": "msg_too_long"}
         ts = self._next_ts()
-        message = {"type": "message", "user": self.bot_user_id, "bot_id": self.bot_id, "text": text or "", "ts": ts}
+        message = {
+            "type": "message",
+            "user": self.bot_user_id,
+            "bot_id": self.bot_id,
+            "text": text or "",
+            "ts": ts,
+        }
         if blocks:
             message["blocks"] = blocks
         if args.get("thread_ts"):
@@ -314,7 +322,9 @@ class FakeSlack:
         await live[-1].send_json(envelope)
         return envelope_id
 
-    async def push_event(self, event: dict[str, Any], *, event_id: str | None = None, retry_attempt: int = 0) -> str:
+    async def push_event(
+        self, event: dict[str, Any], *, event_id: str | None = None, retry_attempt: int = 0
+    ) -> str:
         body = event_callback(
             event, team_id=self.team_id, app_id=self.app_id, event_id=event_id, bot_user_id=self.bot_user_id
         )
@@ -367,7 +377,14 @@ def message_event(
     **extra: Any,
 ) -> dict[str, Any]:
     """A ``message`` (or, with ``kind="app_mention"``, an ``app_mention``) event."""
-    event: dict[str, Any] = {"type": kind, "user": user, "text": text, "ts": ts, "channel": channel, "event_ts": ts}
+    event: dict[str, Any] = {
+        "type": kind,
+        "user": user,
+        "text": text,
+        "ts": ts,
+        "channel": channel,
+        "event_ts": ts,
+    }
     if kind == "message":
         event["channel_type"] = channel_type
     if thread_ts is not None:
@@ -410,7 +427,12 @@ def block_action(
     """A ``block_actions`` payload for one button press on a message."""
     msg = dict(message or {"type": "message", "ts": message_ts, "text": "", "blocks": []})
     msg.setdefault("ts", message_ts)
-    container: dict[str, Any] = {"type": "message", "message_ts": message_ts, "channel_id": channel, "is_ephemeral": False}
+    container: dict[str, Any] = {
+        "type": "message",
+        "message_ts": message_ts,
+        "channel_id": channel,
+        "is_ephemeral": False,
+    }
     if thread_ts is not None:
         msg.setdefault("thread_ts", thread_ts)
         container["thread_ts"] = thread_ts
@@ -448,17 +470,23 @@ def sign(body: bytes, secret: str, timestamp: int | None = None) -> dict[str, st
     return {"X-Slack-Request-Timestamp": ts, "X-Slack-Signature": f"v0={digest}"}
 
 
-def signed_json(payload: dict[str, Any], secret: str, timestamp: int | None = None) -> tuple[bytes, dict[str, str]]:
+def signed_json(
+    payload: dict[str, Any], secret: str, timestamp: int | None = None
+) -> tuple[bytes, dict[str, str]]:
     """An Events API request: JSON body and its headers."""
     body = json.dumps(payload).encode()
     return body, {"Content-Type": "application/json", **sign(body, secret, timestamp)}
 
 
-def signed_form(fields: dict[str, str], secret: str, timestamp: int | None = None) -> tuple[bytes, dict[str, str]]:
+def signed_form(
+    fields: dict[str, str], secret: str, timestamp: int | None = None
+) -> tuple[bytes, dict[str, str]]:
     """A slash command or interactivity request: form-encoded body and its headers."""
     body = urlencode(fields).encode()
     return body, {"Content-Type": "application/x-www-form-urlencoded", **sign(body, secret, timestamp)}
 
 
-def signed_interactive(payload: dict[str, Any], secret: str, timestamp: int | None = None) -> tuple[bytes, dict[str, str]]:
+def signed_interactive(
+    payload: dict[str, Any], secret: str, timestamp: int | None = None
+) -> tuple[bytes, dict[str, str]]:
     return signed_form({"payload": json.dumps(payload)}, secret, timestamp)

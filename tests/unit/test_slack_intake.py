@@ -82,7 +82,9 @@ async def test_mention_inside_a_thread_uses_the_thread_root(rec: RecordingContex
     assert req.session_key.endswith(":thread:300.1")
     assert (req.thread_id, req.reply_to) == ("300.1", "300.5")
     # now the bot is in that thread: a plain reply joins
-    await intake.on_event(body(message_event("thanks", channel="C1", user="U1", ts="300.6", thread_ts="300.1")))
+    await intake.on_event(
+        body(message_event("thanks", channel="C1", user="U1", ts="300.6", thread_ts="300.1"))
+    )
     assert len(rec.requests) == 2
 
 
@@ -158,10 +160,22 @@ async def test_dm_stop(rec: RecordingContext) -> None:
 @pytest.mark.parametrize(
     ("event", "reason"),
     [
-        (message_event("edited", channel="C1", user="U1", ts="9.1", subtype="message_changed"), "subtype:message_changed"),
-        (message_event("", channel="C1", user="U1", ts="9.2", subtype="message_deleted"), "subtype:message_deleted"),
-        (message_event("joined", channel="C1", user="U1", ts="9.3", subtype="channel_join"), "subtype:channel_join"),
-        (message_event("<@UBOT> beep", channel="C1", user="U1", ts="9.4", subtype="bot_message"), "subtype:bot_message"),
+        (
+            message_event("edited", channel="C1", user="U1", ts="9.1", subtype="message_changed"),
+            "subtype:message_changed",
+        ),
+        (
+            message_event("", channel="C1", user="U1", ts="9.2", subtype="message_deleted"),
+            "subtype:message_deleted",
+        ),
+        (
+            message_event("joined", channel="C1", user="U1", ts="9.3", subtype="channel_join"),
+            "subtype:channel_join",
+        ),
+        (
+            message_event("<@UBOT> beep", channel="C1", user="U1", ts="9.4", subtype="bot_message"),
+            "subtype:bot_message",
+        ),
         (message_event("<@UBOT> beep", channel="C1", user="U2", ts="9.5", bot_id="B2"), "bot"),
         (message_event("<@UBOT> me", channel="C1", user="UBOT", ts="9.6"), "self"),
         (message_event("just chatting", channel="C1", user="U1", ts="9.7"), "not_addressed"),
@@ -197,7 +211,9 @@ async def test_malformed_event_is_ignored(rec: RecordingContext) -> None:
 async def test_unauthorized_is_denied_without_submit(
     rec: RecordingContext, allow_from: tuple[str, ...], channels: tuple[str, ...], event: dict[str, Any]
 ) -> None:
-    outcome = await make_intake(rec, allow_from=allow_from, channels=channels).on_event(body(event, "EvDENIED"))
+    outcome = await make_intake(rec, allow_from=allow_from, channels=channels).on_event(
+        body(event, "EvDENIED")
+    )
     assert outcome.status == "denied"
     assert rec.requests == []
     assert await rec.kv.get("slack:event:EvDENIED") is None
@@ -205,7 +221,9 @@ async def test_unauthorized_is_denied_without_submit(
 
 async def test_wildcards_admit_anyone(rec: RecordingContext) -> None:
     intake = make_intake(rec, allow_from=("*",), channels=("*",))
-    assert (await intake.on_event(body(mention("<@UBOT> hi", "1.1", user="UANY", channel="CANY")))).status == "submitted"
+    assert (
+        await intake.on_event(body(mention("<@UBOT> hi", "1.1", user="UANY", channel="CANY")))
+    ).status == "submitted"
 
 
 async def test_require_mention_off_admits_plain_channel_messages(rec: RecordingContext) -> None:
@@ -216,7 +234,9 @@ async def test_require_mention_off_admits_plain_channel_messages(rec: RecordingC
 
 
 async def test_inbound_markup_is_resolved(rec: RecordingContext) -> None:
-    await make_intake(rec).on_event(body(mention("<@UBOT> is 1 &lt; 2 &amp;&amp; <https://x.io|x.io>?", "12.1")))
+    await make_intake(rec).on_event(
+        body(mention("<@UBOT> is 1 &lt; 2 &amp;&amp; <https://x.io|x.io>?", "12.1"))
+    )
     assert rec.requests[0].text == "is 1 < 2 && https://x.io?"
 
 
@@ -240,7 +260,14 @@ def commands(rec: RecordingContext, allow_from: tuple[str, ...] = ("U1",)) -> Co
 
 @pytest.mark.parametrize(
     ("word", "control"),
-    [("stop", "/stop"), ("stopall", "/stopall"), ("new", "/new"), ("status", "/status"), ("help", "/help"), ("", "/help")],
+    [
+        ("stop", "/stop"),
+        ("stopall", "/stopall"),
+        ("new", "/new"),
+        ("status", "/status"),
+        ("help", "/help"),
+        ("", "/help"),
+    ],
 )
 async def test_slash_command_maps_to_control(rec: RecordingContext, word: str, control: str) -> None:
     cmd = commands(rec)
@@ -275,7 +302,9 @@ async def test_slash_command_refusals(rec: RecordingContext) -> None:
 
 async def test_approval_button_from_allowed_user(rec: RecordingContext) -> None:
     cmd = commands(rec)
-    payload = block_action("botd_approve", "appr42", user="U1", channel="C1", team_id=TEAM, message_ts="50.5", thread_ts="50.1")
+    payload = block_action(
+        "botd_approve", "appr42", user="U1", channel="C1", team_id=TEAM, message_ts="50.5", thread_ts="50.1"
+    )
     answer = cmd.parse_approval(payload)
     assert answer is not None and answer.decision == "approve"
     await cmd.submit_approval(answer)
@@ -288,9 +317,26 @@ async def test_approval_button_from_allowed_user(rec: RecordingContext) -> None:
 
 async def test_deny_button_and_refusals(rec: RecordingContext) -> None:
     cmd = commands(rec)
-    deny = cmd.parse_approval(block_action("botd_deny", "a1", user="U1", channel="C1", team_id=TEAM, message_ts="5.5"))
+    deny = cmd.parse_approval(
+        block_action("botd_deny", "a1", user="U1", channel="C1", team_id=TEAM, message_ts="5.5")
+    )
     assert deny is not None and deny.decision == "deny"
-    assert cmd.parse_approval(block_action("botd_deny", "a1", user="U666", channel="C1", team_id=TEAM, message_ts="5.5")) is None
-    assert cmd.parse_approval(block_action("botd_deny", "a b!", user="U1", channel="C1", team_id=TEAM, message_ts="5.5")) is None
-    assert cmd.parse_approval(block_action("other", "a1", user="U1", channel="C1", team_id=TEAM, message_ts="5.5")) is None
+    assert (
+        cmd.parse_approval(
+            block_action("botd_deny", "a1", user="U666", channel="C1", team_id=TEAM, message_ts="5.5")
+        )
+        is None
+    )
+    assert (
+        cmd.parse_approval(
+            block_action("botd_deny", "a b!", user="U1", channel="C1", team_id=TEAM, message_ts="5.5")
+        )
+        is None
+    )
+    assert (
+        cmd.parse_approval(
+            block_action("other", "a1", user="U1", channel="C1", team_id=TEAM, message_ts="5.5")
+        )
+        is None
+    )
     assert cmd.parse_approval({"type": "block_actions"}) is None

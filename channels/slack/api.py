@@ -1,0 +1,128 @@
+"""Slack Web API calls with Slack's retry rules, logged with the run id.
+
+``ratelimited`` (HTTP 429) waits the ``Retry-After`` Slack asks for and tries again;
+transient failures (5xx, ``internal_error``, ``fatal_error``, ``service_unavailable``,
+``request_timeout``, connection errors, timeouts) are retried a bounded number of
+times with a short backoff; anything else (``channel_not_found``, ``invalid_auth`` …)
+fails at once with a :class:`SlackCallError` naming the method and the error code.
+The token never appears in an error or a log line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+import aiohttp
+import structlog
+from slack_sdk.errors import SlackApiError
+from slack_sdk.web.async_client import AsyncWebClient
+
+log = structlog.get_logger(__name__)
+
+TRANSIENT_ERRORS = frozenset(
+    {"internal_error", "fatal_error", "service_unavailable", "request_timeout", "ratelimited_retry"}
+)
+DEFAULT_RETRY_AFTER_S = 1.0
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+class SlackCallError(Exception):
+    """A Web API call that failed for good."""
+
+    def __init__(self, method: str, error: str, status: int | None = None) -> None:
+        self.method = method
+        self.error = error
+        self.status = status
+        detail = f" (HTTP {status})" if status not in (None, 200) else ""
+        super().__init__(f"slack {method} failed: {error}{detail}")
+
+
+def _status_of(exc: SlackApiError) -> int | None:
+    response = exc.response
+    status = getattr(response, "status_code", None)
+    if status is None:
+        status = getattr(response, "status", None)
+    return status if isinstance(status, int) else None
+
+
+def _error_of(exc: SlackApiError) -> str:
+    response = exc.response
+    try:
+        error = response.get("error")
+    except Exception:
+        error = None
+    return str(error) if error else "unexpected_response"
+
+
+def retry_after_of(exc: SlackApiError, cap_s: float) -> float:
+    """Seconds Slack asked us to wait (``Retry-After``), bounded by ``cap_s``."""
+    headers: Mapping[str, Any] = getattr(exc.response, "headers", None) or {}
+    raw = None
+    for name, value in headers.items():
+        if str(name).lower() == "retry-after":
+            raw = value
+            break
+    try:
+        seconds = float(raw) if raw is not None else DEFAULT_RETRY_AFTER_S
+    except (TypeError, ValueError):
+        seconds = DEFAULT_RETRY_AFTER_S
+    return min(max(seconds, 0.0), cap_s)
+
+
+class SlackApi:
+    """One bot's Web API, over a shared :class:`AsyncWebClient`."""
+
+    def __init__(
+        self,
+        client: AsyncWebClient,
+        *,
+        max_retries: int = 3,
+        max_rate_limit_waits: int = 5,
+        max_retry_after_s: float = 60.0,
+        backoff_s: float = 0.5,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.client = client
+        self._max_retries = max_retries
+        self._max_waits = max_rate_limit_waits
+        self._max_retry_after_s = max_retry_after_s
+        self._backoff_s = backoff_s
+        self._sleep = sleep
+
+    async def call(self, method: str, *, run_id: str = "", **kwargs: Any) -> dict[str, Any]:
+        """Call ``method`` (e.g. ``"chat.postMessage"``) and return Slack's JSON answer."""
+        func = getattr(self.client, method.replace(".", "_"), None)
+        if func is None:
+            raise ValueError(f"unknown Slack method {method!r}")
+        failures = 0
+        waits = 0
+        while True:
+            try:
+                response = await func(**kwargs)
+                data = response.data
+                return data if isinstance(data, dict) else {"ok": True}
+            except SlackApiError as exc:
+                status, error = _status_of(exc), _error_of(exc)
+                if status == 429 or error == "ratelimited":
+                    waits += 1
+                    if waits > self._max_waits:
+                        raise SlackCallError(method, "ratelimited", status) from None
+                    delay = retry_after_of(exc, self._max_retry_after_s)
+                    log.warning("slack.ratelimited", method=method, retry_after_s=delay, run_id=run_id)
+                    await self._sleep(delay)
+                    continue
+                if not (error in TRANSIENT_ERRORS or (status is not None and status >= 500)):
+                    log.warning("slack.api_error", method=method, error=error, status=status, run_id=run_id)
+                    raise SlackCallError(method, error, status) from None
+                reason, code = error, status
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+                reason, code = type(exc).__name__, None
+            failures += 1
+            if failures > self._max_retries:
+                log.error("slack.api_gave_up", method=method, error=reason, attempts=failures, run_id=run_id)
+                raise SlackCallError(method, reason, code)
+            log.warning("slack.api_retry", method=method, error=reason, attempt=failures, run_id=run_id)
+            await self._sleep(self._backoff_s * 2 ** (failures - 1))

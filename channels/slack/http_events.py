@@ -1,0 +1,134 @@
+"""The signed HTTP Events API route (``POST <events_path>`` on botd's HTTP server).
+
+Checks, in this order, so that nobody learns anything without the secret: the v0
+signature over ``v0:<timestamp>:<body>`` (constant-time, slack_sdk's verifier) and a
+timestamp no older (or newer) than five minutes — else 401; then the body must be what
+Slack sends (a JSON object for events, a form with ``command`` or a JSON ``payload``
+for slash commands and interactivity) — else 400. The request then goes to the bolt
+app, the same dispatch Socket Mode uses; bolt acks events at once and runs the
+listener after the answer, so Slack gets its 200 well within its 3 seconds.
+Oversize bodies are refused by the HTTP server itself (``client_max_size``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+from urllib.parse import parse_qs
+
+import structlog
+from aiohttp import web
+from slack_bolt.request.async_request import AsyncBoltRequest
+from slack_bolt.response import BoltResponse
+from slack_sdk.signature import Clock as VerifierClock
+from slack_sdk.signature import SignatureVerifier
+
+log = structlog.get_logger(__name__)
+
+MAX_AGE_S = 300
+
+Dispatch = Callable[[AsyncBoltRequest], Awaitable[BoltResponse]]
+Clock = Callable[[], float]
+
+
+class _Clock(VerifierClock):
+    def __init__(self, now: Clock) -> None:
+        self._now = now
+
+    def now(self) -> float:
+        return self._now()
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"ok": False, "error": message}, status=status)
+
+
+def check_body(raw: str, content_type: str) -> str | None:
+    """None when ``raw`` has the shape Slack sends, else what is wrong with it."""
+    if content_type == "application/json":
+        try:
+            data: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            return "body is not valid JSON"
+        if not isinstance(data, dict) or not isinstance(data.get("type"), str):
+            return "body must be a JSON object with a type"
+        return None
+    if content_type == "application/x-www-form-urlencoded":
+        try:
+            form = parse_qs(raw, keep_blank_values=True, strict_parsing=bool(raw))
+        except ValueError:
+            return "body is not a valid form"
+        if "payload" in form:
+            try:
+                payload = json.loads(form["payload"][0])
+            except json.JSONDecodeError:
+                return "payload is not valid JSON"
+            if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
+                return "payload must be a JSON object with a type"
+            return None
+        if "command" in form:
+            return None
+        return "form has neither a command nor a payload"
+    return f"unsupported content type {content_type or '(none)'}"
+
+
+class SlackEventsEndpoint:
+    """The aiohttp handler; ``accepting`` turns false when the channel stops (503)."""
+
+    def __init__(self, signing_secret: str, dispatch: Dispatch, *, clock: Clock = time.time) -> None:
+        self._verifier = SignatureVerifier(signing_secret, _Clock(clock))
+        self._dispatch = dispatch
+        self._clock = clock
+        self.accepting = True
+
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        if not self.accepting:
+            return _error(503, "shutting down")
+        raw = await request.read()
+        problem = self._verify(
+            raw, request.headers.get("X-Slack-Request-Timestamp"), request.headers.get("X-Slack-Signature")
+        )
+        if problem is not None:
+            log.warning("slack.http_rejected", reason=problem, remote=request.remote)
+            return _error(401, "invalid request signature")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return _error(400, "body is not UTF-8")
+        malformed = check_body(text, request.content_type)
+        if malformed is not None:
+            log.warning("slack.http_malformed", reason=malformed)
+            return _error(400, malformed)
+        retry = request.headers.get("X-Slack-Retry-Num")
+        if retry:
+            log.info(
+                "slack.http_retry", retry_num=retry, reason=request.headers.get("X-Slack-Retry-Reason", "")
+            )
+        headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
+        response = await self._dispatch(
+            AsyncBoltRequest(body=text, query=request.query_string, headers=headers)
+        )
+        return web.Response(
+            status=response.status,
+            body=response.body.encode("utf-8"),
+            headers={name: values[0] for name, values in response.headers.items() if values},
+        )
+
+    def _verify(self, raw: bytes, timestamp: str | None, signature: str | None) -> str | None:
+        if not timestamp or not signature:
+            return "missing signature headers"
+        try:
+            sent_at = int(timestamp)
+        except ValueError:
+            return "bad timestamp"
+        if abs(self._clock() - sent_at) > MAX_AGE_S:
+            return "stale timestamp"
+        try:
+            valid = self._verifier.is_valid(raw, timestamp, signature)
+        except UnicodeDecodeError:  # Slack signs UTF-8 bodies only
+            valid = False
+        if not valid:
+            return "bad signature"
+        return None

@@ -1,0 +1,203 @@
+"""The live reply of one run in one Slack conversation.
+
+``start`` puts :eyes: on the message being answered; ``preview`` shows the text so far
+in a placeholder (``chat.postMessage``, then ``chat.update`` at most once per
+interval, rendered only when it is actually sent, so a fast stream costs nothing);
+``deliver(0, …)`` turns the placeholder into the first part of the answer (or posts
+it when the update fails), further parts are posted in the thread; ``discard`` deletes
+the placeholder; ``close`` removes :eyes:. Every method is idempotent and safe in any
+order. Previews never block the caller on the network: a background task sends them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from channels.base import Target
+from channels.slack.api import SlackApi, SlackCallError
+
+log = structlog.get_logger(__name__)
+
+WORKING_REACTION = "eyes"
+
+Clock = Callable[[], float]
+PreviewFormatter = Callable[[str], str | None]
+
+
+class SlackReplyStream:
+    def __init__(
+        self,
+        api: SlackApi,
+        target: Target,
+        run_id: str,
+        *,
+        format_preview: PreviewFormatter,
+        interval_s: float = 1.0,
+        clock: Clock = time.monotonic,
+    ) -> None:
+        self._api = api
+        self._target = target
+        self._run_id = run_id
+        self._format_preview = format_preview
+        self._interval_s = interval_s
+        self._clock = clock
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self._pending: str | None = None
+        self._last_raw: str | None = None
+        self._shown: str | None = None
+        self._last_sent = float("-inf")
+        self._preview_ts: str | None = None
+        self._delivered: dict[int, str] = {}
+        self._previews_over = False
+        self._reacted = False
+        self._closed = False
+
+    @property
+    def preview_ts(self) -> str | None:
+        return self._preview_ts
+
+    # -- reaction ---------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._reacted or self._closed or not self._target.reply_to:
+            return
+        try:
+            await self._api.call(
+                "reactions.add",
+                run_id=self._run_id,
+                channel=self._target.chat_id,
+                timestamp=self._target.reply_to,
+                name=WORKING_REACTION,
+            )
+            self._reacted = True
+        except SlackCallError as exc:
+            self._reacted = exc.error == "already_reacted"
+            if not self._reacted:
+                log.warning("slack.reaction_failed", run_id=self._run_id, error=exc.error)
+
+    async def close(self) -> None:
+        await self._end_previews()
+        self._closed = True
+        if not self._reacted:
+            return
+        self._reacted = False
+        try:
+            await self._api.call(
+                "reactions.remove",
+                run_id=self._run_id,
+                channel=self._target.chat_id,
+                timestamp=self._target.reply_to,
+                name=WORKING_REACTION,
+            )
+        except SlackCallError as exc:
+            if exc.error != "no_reaction":
+                log.warning("slack.reaction_remove_failed", run_id=self._run_id, error=exc.error)
+
+    # -- preview ----------------------------------------------------------------------
+    async def preview(self, text: str) -> None:
+        if self._previews_over or text == self._last_raw:
+            return
+        self._last_raw = text
+        self._pending = text
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_loop(), name=f"slack-preview-{self._run_id}")
+
+    async def _flush_loop(self) -> None:
+        while self._pending is not None and not self._previews_over:
+            wait = self._last_sent + self._interval_s - self._clock()
+            if wait > 0:
+                self._wake.clear()
+                if self._previews_over:
+                    return
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), wait)
+                continue
+            async with self._lock:
+                if self._previews_over or self._pending is None:
+                    return
+                raw, self._pending = self._pending, None
+                rendered = self._format_preview(raw)
+                if not rendered or rendered == self._shown:
+                    continue
+                self._last_sent = self._clock()
+                await self._show(rendered)
+
+    async def _show(self, rendered: str) -> None:
+        try:
+            if self._preview_ts is None:
+                data = await self._post(rendered)
+                self._preview_ts = str(data["ts"])
+            else:
+                await self._update(self._preview_ts, rendered)
+            self._shown = rendered
+        except SlackCallError as exc:
+            log.warning("slack.preview_failed", run_id=self._run_id, error=exc.error)
+
+    async def _end_previews(self) -> None:
+        """No preview after this; wait for one being sent (never cancel a post mid-flight)."""
+        self._previews_over = True
+        self._wake.set()
+        flusher = self._flusher
+        if flusher is not None and not flusher.done() and flusher is not asyncio.current_task():
+            with contextlib.suppress(Exception):
+                await flusher
+
+    # -- final answer -----------------------------------------------------------------
+    async def deliver(self, index: int, part: str) -> str | None:
+        await self._end_previews()
+        async with self._lock:
+            if index in self._delivered:
+                return self._delivered[index]
+            if index == 0 and self._preview_ts is not None:
+                ts = await self._finalize_preview(self._preview_ts, part)
+            else:
+                ts = str((await self._post(part))["ts"])
+            self._delivered[index] = ts
+            return ts
+
+    async def _finalize_preview(self, preview_ts: str, part: str) -> str:
+        self._preview_ts = None  # from now on it is the answer, not a placeholder
+        if part == self._shown:
+            return preview_ts
+        try:
+            await self._update(preview_ts, part)
+            return preview_ts
+        except SlackCallError as exc:
+            log.warning("slack.finalize_update_failed", run_id=self._run_id, error=exc.error)
+        ts = str((await self._post(part))["ts"])
+        await self._delete(preview_ts)
+        return ts
+
+    async def discard(self) -> None:
+        await self._end_previews()
+        async with self._lock:
+            if self._preview_ts is None:
+                return
+            preview_ts, self._preview_ts = self._preview_ts, None
+            await self._delete(preview_ts)
+
+    # -- calls ------------------------------------------------------------------------
+    async def _post(self, text: str) -> dict[str, Any]:
+        args: dict[str, Any] = {"channel": self._target.chat_id, "text": text}
+        if self._target.thread_id:
+            args["thread_ts"] = self._target.thread_id
+        return await self._api.call("chat.postMessage", run_id=self._run_id, **args)
+
+    async def _update(self, ts: str, text: str) -> None:
+        await self._api.call(
+            "chat.update", run_id=self._run_id, channel=self._target.chat_id, ts=ts, text=text
+        )
+
+    async def _delete(self, ts: str) -> None:
+        try:
+            await self._api.call("chat.delete", run_id=self._run_id, channel=self._target.chat_id, ts=ts)
+        except SlackCallError as exc:
+            if exc.error != "message_not_found":
+                log.warning("slack.delete_failed", run_id=self._run_id, error=exc.error)

@@ -1,0 +1,140 @@
+"""SlackApi against the fake Slack: rate limits honoured, transient errors retried, others raised."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.slack.api import SlackApi, SlackCallError
+from tests.fakes.slack_server import FakeSlack
+
+
+class SleepRecorder:
+    def __init__(self) -> None:
+        self.delays: list[float] = []
+
+    async def __call__(self, delay: float) -> None:
+        self.delays.append(delay)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as server:
+        yield server
+
+
+@pytest.fixture
+async def session() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as s:
+        yield s
+
+
+def make_api(
+    fake: FakeSlack, session: aiohttp.ClientSession, sleep: SleepRecorder, token: str | None = None
+) -> SlackApi:
+    client = AsyncWebClient(
+        token=token or fake.bot_token, base_url=fake.api_url, session=session, retry_handlers=[]
+    )
+    return SlackApi(client, max_retries=3, sleep=sleep)
+
+
+async def test_call_returns_slack_answer(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
+    api = make_api(fake, session, SleepRecorder())
+    data = await api.call("chat.postMessage", channel="C1", text="hi", thread_ts="1.1")
+    assert data["ok"] is True and data["channel"] == "C1"
+    [call] = fake.calls_to("chat.postMessage")
+    assert call.token == fake.bot_token
+    assert call.args["thread_ts"] == "1.1"
+
+
+async def test_ratelimited_waits_retry_after_then_succeeds(
+    fake: FakeSlack, session: aiohttp.ClientSession
+) -> None:
+    sleep = SleepRecorder()
+    api = make_api(fake, session, sleep)
+    fake.rate_limit("chat.update", times=2, retry_after=7)
+    posted = await api.call("chat.postMessage", channel="C1", text="a")
+    await api.call("chat.update", channel="C1", ts=posted["ts"], text="b", run_id="run-1")
+    assert sleep.delays == [7.0, 7.0]
+    assert len(fake.calls_to("chat.update")) == 3
+    assert fake.messages[("C1", posted["ts"])]["text"] == "b"
+
+
+async def test_real_sleep_honours_retry_after(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
+    client = AsyncWebClient(token=fake.bot_token, base_url=fake.api_url, session=session, retry_handlers=[])
+    api = SlackApi(client)
+    fake.rate_limit("auth.test", times=1, retry_after=1)
+    await api.call("auth.test")
+    first, second = fake.calls_to("auth.test")
+    assert second.at - first.at >= 0.9
+
+
+async def test_rate_limit_waits_are_bounded(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
+    api = make_api(fake, session, SleepRecorder())
+    fake.rate_limit("auth.test", times=50, retry_after=1)
+    with pytest.raises(SlackCallError, match="ratelimited"):
+        await api.call("auth.test")
+    assert len(fake.calls_to("auth.test")) == 6  # first try + 5 waits
+
+
+async def test_transient_errors_are_retried_three_times(
+    fake: FakeSlack, session: aiohttp.ClientSession
+) -> None:
+    sleep = SleepRecorder()
+    api = make_api(fake, session, sleep)
+    fake.fail("chat.postMessage", "internal_error", times=2)
+    data = await api.call("chat.postMessage", channel="C1", text="x")
+    assert data["ok"]
+    assert len(fake.calls_to("chat.postMessage")) == 3
+    assert sleep.delays == [0.5, 1.0]
+
+    fake.fail("chat.postMessage", "service_unavailable", times=10, status=503)
+    with pytest.raises(SlackCallError) as info:
+        await api.call("chat.postMessage", channel="C1", text="x")
+    assert info.value.error == "service_unavailable" and info.value.status == 503
+    assert len(fake.calls_to("chat.postMessage")) == 3 + 4
+
+
+async def test_permanent_error_fails_at_once(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
+    api = make_api(fake, session, SleepRecorder())
+    fake.fail("chat.postMessage", "channel_not_found")
+    with pytest.raises(SlackCallError) as info:
+        await api.call("chat.postMessage", channel="CNOPE", text="x")
+    assert info.value.error == "channel_not_found"
+    assert info.value.method == "chat.postMessage"
+    assert len(fake.calls_to("chat.postMessage")) == 1
+
+
+async def test_bad_token_is_invalid_auth_and_never_in_the_message(
+    fake: FakeSlack, session: aiohttp.ClientSession
+) -> None:
+    api = make_api(fake, session, SleepRecorder(), token="xoxb-wrong-secret")
+    with pytest.raises(SlackCallError) as info:
+        await api.call("auth.test")
+    assert info.value.error == "invalid_auth"
+    assert "xoxb-wrong-secret" not in str(info.value)
+
+
+async def test_connection_errors_are_retried_then_raised(session: aiohttp.ClientSession) -> None:
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    client = AsyncWebClient(
+        token="xoxb-x", base_url=f"http://127.0.0.1:{port}/api/", session=session, retry_handlers=[]
+    )
+    sleep = SleepRecorder()
+    api = SlackApi(client, max_retries=2, sleep=sleep)
+    with pytest.raises(SlackCallError) as info:
+        await api.call("auth.test")
+    assert "Connect" in info.value.error or "OSError" in info.value.error
+    assert len(sleep.delays) == 2
+
+
+async def test_unknown_method_is_a_clear_error(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
+    api = make_api(fake, session, SleepRecorder())
+    with pytest.raises(ValueError, match="unknown Slack method"):
+        await api.call("no.suchMethod")
