@@ -48,7 +48,7 @@ LLM_FAILURE_TEXT = "Sorry — I couldn't get an answer from the model ({reason})
 
 
 class Compactor(Protocol):
-    async def maybe_compact(self, session_key: str, last_prompt_tokens: int) -> None: ...
+    async def maybe_compact(self, session_key: str, last_prompt_tokens: int) -> bool: ...
 
 
 @dataclass
@@ -188,11 +188,12 @@ class RunExecutor:
             extra={**deps.tool_extra, "user_id": last.user_id, "user_name": last.user_name},
         )
         await reply.start()
+        model = TracingModel(deps.model, trace, deps.cfg.llm.model)
         status: OutcomeStatus
         try:
             result = await run_loop(
                 messages,
-                model=TracingModel(deps.model, trace, deps.cfg.llm.model),
+                model=model,
                 tools=deps.tools,
                 ctx=ctx,
                 run_id=run_id,
@@ -208,7 +209,7 @@ class RunExecutor:
             if reason not in RETRY_REASONS:
                 # Stopped by the user or timed out: what happened so far stays in history.
                 # Otherwise the batch is retried whole, so nothing is recorded now.
-                await asyncio.shield(self._persist(session_key, run_id, user_messages, cancelled.result))
+                await asyncio.shield(self._persist(session_key, run_id, user_messages, cancelled.result, model))
             status = "timeout" if reason == "timeout" else "cancelled"
             return RunOutcome(run_id, status, "none", reason)
 
@@ -217,15 +218,15 @@ class RunExecutor:
             await reply.abandon()
             await notify(channel, target, deps.ledger, run_id, "error",
                          LLM_FAILURE_TEXT.format(reason=result.error or "unknown error"))
-            await self._persist(session_key, run_id, user_messages, result)
+            await self._persist(session_key, run_id, user_messages, result, model)
             return RunOutcome(run_id, "failed", "none", result.error)
 
         await deps.ledger.save_result(run_id, result.model_copy(update={"messages": user_messages + result.messages}))
         delivery = await reply.finish(result.text)
-        await self._persist(session_key, run_id, user_messages, result)
+        await self._persist(session_key, run_id, user_messages, result, model)
         if deps.compactor is not None:
             try:
-                await deps.compactor.maybe_compact(session_key, result.usage.prompt_tokens)
+                await deps.compactor.maybe_compact(session_key, model.last_prompt_tokens)
             except Exception as exc:
                 bound.warning("compaction.failed", error=str(exc))
         return RunOutcome(run_id, _status(result), delivery, result.error, result.text)
@@ -245,12 +246,14 @@ class RunExecutor:
         return out
 
     async def _persist(
-        self, session_key: str, run_id: str, user_messages: list[Message], result: RunResult
+        self, session_key: str, run_id: str, user_messages: list[Message], result: RunResult, model: TracingModel
     ) -> None:
         await self.deps.sessions.append(session_key, run_id, user_messages + result.messages)
-        usage = result.usage
-        if usage.prompt_tokens or usage.completion_tokens:
-            await self.deps.sessions.record_usage(session_key, usage.prompt_tokens, usage.completion_tokens)
+        # One record per LLM call, so "last prompt" is the last call's, not the run's sum.
+        for index, usage in enumerate(model.usages):
+            await self.deps.sessions.record_usage(
+                session_key, usage.prompt_tokens, usage.completion_tokens, run_id=f"{run_id}:{index}"
+            )
 
     def _prompt_spec(self, req: RunRequest) -> PromptSpec:
         cfg = self.deps.cfg

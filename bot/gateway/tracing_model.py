@@ -8,7 +8,7 @@ from typing import Any
 
 from agent.llm_types import ChatModel as ChatModelProto
 from agent.llm_types import DeltaCallback, LLMError, LLMResponse
-from agent.types import Message
+from agent.types import Message, Usage
 from bot import metrics
 from bot.tracing import Trace, clip, verbose
 
@@ -18,6 +18,11 @@ class TracingModel:
         self._inner = inner
         self._trace = trace
         self._model = model_name
+        self.usages: list[Usage] = []
+
+    @property
+    def last_prompt_tokens(self) -> int:
+        return self.usages[-1].prompt_tokens if self.usages else 0
 
     async def complete(
         self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, on_delta: DeltaCallback | None = None
@@ -33,6 +38,7 @@ class TracingModel:
             metrics.LLM_SECONDS.labels(self._model, "error").observe(time.time() - start)
             raise
         usage = response.usage
+        self.usages.append(usage)
         if verbose():
             extra["output"] = clip(response.text)
         self._trace.span(
