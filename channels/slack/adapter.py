@@ -65,6 +65,8 @@ class SlackChannel:
         self._connect_task: asyncio.Task[None] | None = None
         self._endpoint: SlackEventsEndpoint | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        # Bolt starts a task per event; a burst must not exhaust the store's connections.
+        self._intake_slots = asyncio.Semaphore(settings.max_concurrent_intake)
         self._running = False
 
     # -- lifecycle --------------------------------------------------------------------
@@ -213,12 +215,13 @@ class SlackChannel:
             await asyncio.wait(set(self._inflight), timeout=within_s)
 
     # -- inbound ----------------------------------------------------------------------
-    async def _tracked(self, kind: str, work: Awaitable[Outcome]) -> None:
+    async def _tracked(self, kind: str, work: Callable[[], Awaitable[Outcome]]) -> None:
         task = asyncio.current_task()
         if task is not None:
             self._inflight.add(task)
         try:
-            outcome = await work
+            async with self._intake_slots:
+                outcome = await work()
         except Exception as exc:
             log.error("slack.inbound_failed", kind=kind, error=str(exc))
             outcome = Outcome("failed", type(exc).__name__)
@@ -230,7 +233,8 @@ class SlackChannel:
 
     async def _on_event(self, body: dict[str, Any]) -> None:
         assert self._intake is not None
-        await self._tracked("event", self._intake.on_event(body))
+        intake = self._intake
+        await self._tracked("event", lambda: intake.on_event(body))
 
     async def _on_command(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         assert self._commands is not None
@@ -244,11 +248,11 @@ class SlackChannel:
                 return Outcome("denied" if plan.rejected == "denied" else "ignored", plan.rejected)
             return Outcome("submitted", result.status)
 
-        await self._tracked("command", work())
+        await self._tracked("command", work)
 
     async def _on_action(self, ack: AsyncAck, body: dict[str, Any]) -> None:
         await ack()
-        await self._tracked("action", self._answer_approval(body))
+        await self._tracked("action", lambda: self._answer_approval(body))
 
     async def _answer_approval(self, body: dict[str, Any]) -> Outcome:
         assert self._commands is not None

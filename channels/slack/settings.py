@@ -29,6 +29,7 @@ class SlackSettings:
     api_timeout_s: float = 30.0
     connect_timeout_s: float = 10.0
     socket_ping_interval_s: float = 10.0
+    max_concurrent_intake: int = 32  # inbound events handled at once (the rest wait, already acked)
 
     def __post_init__(self) -> None:
         if not self.bot_token:
@@ -39,6 +40,8 @@ class SlackSettings:
             raise ValueError("slack: app_token is required in socket mode")
         if self.mode == "http" and not self.signing_secret:
             raise ValueError("slack: signing_secret is required in http mode")
+        if self.max_concurrent_intake < 1:
+            raise ValueError("slack: max_concurrent_intake must be at least 1")
         if not self.events_path.startswith("/"):
             raise ValueError("slack: events_path must start with '/'")
         # Accept lists from the config model as well as tuples.

