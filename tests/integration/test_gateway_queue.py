@@ -1,0 +1,170 @@
+"""One run per session, concurrency across sessions, and the queue modes (steer, followup,
+interrupt), the inbox cap and the debounce."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from tests.fakes.openai_server import Call, FakeOpenAI, Reply
+from tests.integration.gateway_harness import Gate, request_texts, roles, running_daemon
+
+SLOW_TOOL = Call("bash", {"command": "echo tool-ran"})
+
+
+async def test_one_session_runs_one_message_at_a_time(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    gate = Gate(Reply.text("answer one"), Reply.text("answer two"))
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"mode": "followup"}) as bot,
+    ):
+        await bot.send("question one")
+        await gate.wait_waiting(1)
+        await bot.send("question two")
+        await asyncio.sleep(0.3)
+        assert len(fake.requests) == 1  # the second waits for the first run to end
+        gate.release(2)
+        await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2)
+        await bot.wait_idle()
+        assert bot.channel.texts("part") == ["answer one", "answer two"]
+        second = fake.requests[1]["messages"]
+        assert [(m["role"], m["content"]) for m in second[1:]] == [
+            ("user", "question one"),
+            ("assistant", "answer one"),
+            ("user", "question two"),
+        ]
+        assert roles(await bot.history()) == ["user", "assistant", "user", "assistant"]
+
+
+async def test_different_sessions_run_concurrently(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
+    gate = Gate()
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot,
+    ):
+        await bot.send("from alice", chat_id="alice")
+        await bot.send("from bob", chat_id="bob")
+        # Both requests are held by the fake at the same moment: neither run waits for the other.
+        await gate.wait_waiting(2)
+        gate.release(2)
+        await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2)
+        by_chat = {s.chat_id: s.text for s in bot.channel.sent if s.kind == "part"}
+        assert by_chat == {"alice": "from alice", "bob": "from bob"}
+        assert len(fake.requests) == 2
+
+
+async def test_steer_injects_a_message_before_the_next_llm_call(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    gate = Gate(Reply.tool_calls([SLOW_TOOL]), Reply.text("done, and noted"))
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"mode": "steer"}) as bot,
+    ):
+        await bot.send("run the tool")
+        await gate.wait_waiting(1)
+        await bot.send("also, use French")
+        gate.release(2)
+        await bot.channel.wait_for(lambda ch: ch.texts("part"))
+        await bot.wait_idle()
+        assert bot.channel.texts("part") == ["done, and noted"]
+        assert len(fake.requests) == 2  # no separate turn for the steered message
+        second = fake.requests[1]["messages"]
+        assert [m["role"] for m in second[1:]] == ["user", "assistant", "tool", "user"]
+        assert second[-1]["content"] == "also, use French"
+        assert "tool-ran" in second[-2]["content"]
+        history = await bot.history()
+        assert roles(history) == ["user", "assistant", "tool", "user", "assistant"]
+        assert history[3].content == "also, use French"
+
+
+async def test_followup_runs_a_queued_message_as_its_own_turn(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    gate = Gate(Reply.tool_calls([SLOW_TOOL]), Reply.text("tool answer"), Reply.text("followup answer"))
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"mode": "followup"}) as bot,
+    ):
+        await bot.send("run the tool")
+        await gate.wait_waiting(1)
+        await bot.send("and then this")
+        gate.release(3)
+        await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2)
+        await bot.wait_idle()
+        assert bot.channel.texts("part") == ["tool answer", "followup answer"]
+        assert len(fake.requests) == 3
+        assert "and then this" not in request_texts(fake.requests[1])
+        third = fake.requests[2]["messages"]
+        assert [m["role"] for m in third[1:]] == ["user", "assistant", "tool", "assistant", "user"]
+        assert third[-1]["content"] == "and then this"
+        assert third[-2]["content"] == "tool answer"
+
+
+async def test_interrupt_cancels_the_active_run(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"mode": "interrupt"}) as bot,
+    ):
+        fake.script(
+            Reply.text("a very slow answer", first_byte_delay_s=30),
+            Reply.text("the new answer"),
+        )
+        await bot.send("long question")
+        await fake.wait_for_requests(1)
+        await bot.send("never mind, this instead")
+        await fake.disconnects.wait(1)
+        await bot.channel.wait_for(lambda ch: ch.texts("part"))
+        await bot.wait_idle()
+        assert bot.channel.texts("part") == ["the new answer"]
+        assert len(fake.requests) == 2
+        assert request_texts(fake.requests[1])[-1] == "never mind, this instead"
+        history = await bot.history()
+        assert [m.content for m in history if m.role == "user"] == [
+            "long question",
+            "never mind, this instead",
+        ]
+        assert history[-1].content == "the new answer"
+
+
+async def test_inbox_cap_drops_the_oldest_and_tells_the_user(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    gate = Gate(Reply.text("first done"), Reply.text("rest done"))
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"mode": "followup", "cap": 2}) as bot,
+    ):
+        await bot.send("message 1")
+        await gate.wait_waiting(1)
+        for n in (2, 3, 4):
+            await bot.send(f"message {n}")
+        [notice] = bot.channel.texts("notice")
+        assert "dropped" in notice and '"message 2"' in notice
+        assert await bot.queued() == (2, 1)
+        gate.release(2)
+        await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2)
+        await bot.wait_idle()
+        assert len(fake.requests) == 2
+        assert request_texts(fake.requests[1])[-2:] == ["message 3", "message 4"]
+        users = [m.content for m in await bot.history() if m.role == "user"]
+        assert users == ["message 1", "message 3", "message 4"]
+
+
+async def test_debounce_gathers_a_burst_into_one_run(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"debounce_ms": 300}) as bot,
+    ):
+        fake.script(Reply.text("all three read"))
+        for part in ("part one", "part two", "part three"):
+            await bot.send(part)
+        await bot.channel.wait_for(lambda ch: ch.texts("part"))
+        await bot.wait_idle()
+        assert len(fake.requests) == 1
+        assert request_texts(fake.requests[0]) == ["part one", "part two", "part three"]
+        assert bot.channel.texts("part") == ["all three read"]
