@@ -195,7 +195,12 @@ class Gateway:
             return
         task = asyncio.create_task(self._serve(session_key), name=f"session:{session_key}")
         self._workers[session_key] = task
-        task.add_done_callback(lambda _: self._workers.pop(session_key, None))
+        task.add_done_callback(lambda done: self._forget_worker(session_key, done))
+
+    def _forget_worker(self, session_key: str, task: asyncio.Task[Any] | None) -> None:
+        # A worker may have started its successor before it ended: only forget itself.
+        if self._workers.get(session_key) is task:
+            del self._workers[session_key]
 
     async def _serve(self, session_key: str) -> None:
         held = False
@@ -214,7 +219,7 @@ class Gateway:
             log.warning("worker.store_error", session_key=session_key, error=str(exc))
             return
         finally:
-            self._workers.pop(session_key, None)
+            self._forget_worker(session_key, asyncio.current_task())
         # A message may have arrived while we were releasing: its submitter saw the lock held.
         if held and not self._closing:
             with contextlib.suppress(RedisError):
