@@ -1,0 +1,340 @@
+"""The Telegram channel: python-telegram-bot's ``Bot`` driven from botd's own event loop.
+
+No ``Application``/``run_polling``: intake is our own long-poll loop (one leader per
+token across replicas) or a webhook route on botd's HTTP server; both feed
+:meth:`TelegramChannel.handle_update`, which normalizes, checks access and submits a
+:class:`RunRequest` without waiting for the run. Outbound goes through
+:class:`TelegramSender` (flood control, retries) and :class:`TelegramReplyStream`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import html
+import json
+import re
+from typing import Any
+
+import structlog
+from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
+from telegram.error import InvalidToken, TelegramError
+from telegram.request import HTTPXRequest
+
+from agent.types import RunRequest
+from channels.base import ChannelContext, ReplyStream, Target
+from channels.telegram.format import render_parts, render_preview
+from channels.telegram.intake import CONTROL_COMMANDS, Access, BotIdentity, Ignored, Inbound, normalize_update
+from channels.telegram.polling import PollingIntake
+from channels.telegram.redact import TokenRedactor
+from channels.telegram.send import ChatRef, TelegramSender
+from channels.telegram.settings import MESSAGE_LIMIT, TelegramSettings
+from channels.telegram.stream import TYPING_INTERVAL_S, TelegramReplyStream
+from channels.telegram.webhook import BadUpdate, WebhookIntake
+
+log = structlog.get_logger(__name__)
+
+ALLOWED_UPDATES = ("message", "callback_query")
+APPROVAL_ID = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
+_COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
+APPROVAL_SUMMARY_LIMIT = 3000
+
+
+class TelegramStartError(RuntimeError):
+    """The channel cannot start (e.g. the token was rejected); the message is safe to show."""
+
+
+class TelegramChannel:
+    """Implements ``channels.base.ChannelAdapter`` for Telegram."""
+
+    name = "telegram"
+
+    def __init__(
+        self,
+        settings: TelegramSettings,
+        *,
+        lease_ttl_s: float = 30.0,
+        lease_renew_s: float = 10.0,
+        stall_timeout_s: float = 120.0,
+        poll_timeout_s: int = 25,
+        poll_backoff_s: float = 1.0,
+        typing_interval_s: float = TYPING_INTERVAL_S,
+        send_attempts: int = 4,
+        send_backoff_s: float = 0.5,
+        connect_backoff_s: float = 5.0,
+        message_limit: int = MESSAGE_LIMIT,
+    ) -> None:
+        self.settings = settings
+        self.access = Access(settings)
+        self.lease_ttl_s = lease_ttl_s
+        self.lease_renew_s = lease_renew_s
+        self.stall_timeout_s = stall_timeout_s
+        self.poll_timeout_s = poll_timeout_s
+        self.poll_backoff_s = poll_backoff_s
+        self.typing_interval_s = typing_interval_s
+        self.send_attempts = send_attempts
+        self.send_backoff_s = send_backoff_s
+        self.connect_backoff_s = connect_backoff_s
+        self.message_limit = message_limit
+        self.me: BotIdentity | None = None
+        self.poller: PollingIntake | None = None
+        self._ctx: ChannelContext | None = None
+        self._bot: Bot | None = None
+        self._sender: TelegramSender | None = None
+        self._command_names: frozenset[str] = CONTROL_COMMANDS
+        self._up = False
+        self._stopping = False
+        self._bring_up_task: asyncio.Task[None] | None = None
+        self._redactor = TokenRedactor(settings.token)
+        self.webhook = WebhookIntake(
+            settings.effective_webhook_secret, self._handle_json, ready=lambda: self._up and not self._stopping
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, ctx: ChannelContext) -> None:
+        """Connect (getMe), sync commands, then start polling or register the webhook.
+
+        A rejected token raises :class:`TelegramStartError`; a network problem is logged
+        and retried in the background (``is_ready()`` stays False until connected).
+        """
+        self._ctx = ctx
+        self._stopping = False
+        self._command_names = CONTROL_COMMANDS | {c.lstrip("/").lower() for c, _ in ctx.commands}
+        self._redactor.install()
+        self._bot = self._make_bot()
+        self._sender = TelegramSender(self._bot, max_attempts=self.send_attempts, backoff_s=self.send_backoff_s)
+        if self.settings.mode == "webhook":
+            ctx.add_route("POST", self.settings.webhook_path, self.webhook.handle_request)
+        try:
+            await self._bring_up()
+        except InvalidToken:
+            await self._close_bot()
+            raise TelegramStartError("the Bot API rejected telegram.token; check the token") from None
+        except (TelegramError, OSError) as exc:
+            log.warning("telegram.connect_failed", error=str(exc), retry_in_s=self.connect_backoff_s)
+            self._bring_up_task = asyncio.create_task(self._bring_up_retrying(), name="tg-connect")
+
+    def _make_bot(self) -> Bot:
+        base = (self.settings.api_base_url or "https://api.telegram.org/bot").rstrip("/")
+        file_base = base[: -len("/bot")] + "/file/bot" if base.endswith("/bot") else base + "/file"
+        return Bot(
+            self.settings.token,
+            base_url=base,
+            base_file_url=file_base,
+            request=HTTPXRequest(
+                connection_pool_size=32, read_timeout=15, write_timeout=15, connect_timeout=10, pool_timeout=5
+            ),
+            get_updates_request=HTTPXRequest(connection_pool_size=2, read_timeout=10, connect_timeout=10),
+        )
+
+    async def _bring_up(self) -> None:
+        assert self._bot is not None and self._ctx is not None
+        await self._bot.initialize()
+        user = self._bot.bot
+        self.me = BotIdentity(id=user.id, username=user.username or "")
+        await self._sync_commands()
+        if self.settings.mode == "webhook":
+            await self._bot.set_webhook(
+                url=self.settings.webhook_url or "",
+                secret_token=self.settings.effective_webhook_secret,
+                allowed_updates=list(ALLOWED_UPDATES),
+            )
+        else:
+            self.poller = PollingIntake(
+                self._bot, self._ctx.kv, self.handle_update,
+                bot_id=str(user.id), replica_id=self._ctx.replica_id, allowed_updates=ALLOWED_UPDATES,
+                lease_ttl_s=self.lease_ttl_s, renew_every_s=self.lease_renew_s,
+                stall_timeout_s=self.stall_timeout_s, poll_timeout_s=self.poll_timeout_s,
+                backoff_s=self.poll_backoff_s,
+            )
+            await self.poller.start()
+        self._up = True
+        log.info("telegram.started", bot=self.me.username, mode=self.settings.mode)
+
+    async def _bring_up_retrying(self) -> None:
+        delay = self.connect_backoff_s
+        while not self._stopping:
+            await asyncio.sleep(delay)
+            try:
+                await self._bring_up()
+                return
+            except InvalidToken:
+                log.error("telegram.token_rejected")
+            except (TelegramError, OSError) as exc:
+                log.warning("telegram.connect_failed", error=str(exc), retry_in_s=delay)
+            delay = min(delay * 2, 300.0)
+
+    async def stop(self) -> None:
+        """Stop intake (releasing the poller lease) and close the HTTP clients."""
+        self._stopping = True
+        self._up = False
+        task, self._bring_up_task = self._bring_up_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self.poller is not None:
+            await self.poller.stop()
+            self.poller = None
+        await self._close_bot()
+        self._redactor.uninstall()
+
+    async def _close_bot(self) -> None:
+        if self._bot is not None:
+            with contextlib.suppress(Exception):
+                await self._bot.shutdown()
+
+    def is_ready(self) -> bool:
+        if not self._up or self._stopping:
+            return False
+        return self.poller.healthy if self.poller is not None else True
+
+    async def _sync_commands(self) -> None:
+        """setMyCommands only when the list differs from the last one set (hash in the store)."""
+        assert self._bot is not None and self._ctx is not None and self.me is not None
+        commands = []
+        for name, description in self._ctx.commands:
+            command = name.lstrip("/").lower()
+            if not _COMMAND_NAME.match(command) or not description.strip():
+                log.warning("telegram.command_skipped", command=name)
+                continue
+            commands.append((command, description.strip()[:256]))
+        digest = hashlib.sha256(json.dumps(commands).encode()).hexdigest()
+        key = f"telegram:commands:{self.me.id}"
+        try:
+            if await self._ctx.kv.get(key) == digest:
+                return
+            if commands:
+                await self._bot.set_my_commands([BotCommand(c, d) for c, d in commands])
+            else:
+                await self._bot.delete_my_commands()
+            await self._ctx.kv.set(key, digest)
+            log.info("telegram.commands_set", count=len(commands))
+        except Exception as exc:
+            log.warning("telegram.commands_failed", error=str(exc))
+
+    # -- inbound --------------------------------------------------------------------------
+
+    async def _handle_json(self, data: dict[str, Any]) -> None:
+        try:
+            update = Update.de_json(data, self._bot)
+        except Exception as exc:
+            raise BadUpdate(f"not a Telegram update: {exc}") from None
+        await self.handle_update(update)
+
+    async def handle_update(self, update: Update) -> None:
+        """Normalize, check access, submit. Raises only if submitting failed (so it is retried)."""
+        ctx = self._ctx
+        if ctx is None or self.me is None:
+            raise RuntimeError("the telegram channel is not started")
+        try:
+            decision = normalize_update(update, self.me, self.access, self._command_names)
+        except Exception:
+            log.exception("telegram.normalize_failed", update_id=update.update_id)
+            return
+        if isinstance(decision, Ignored):
+            if decision.unauthorized:
+                log.info("telegram.unauthorized", user_id=decision.user_id, chat_id=decision.chat_id,
+                         reason=decision.reason)
+            else:
+                log.debug("telegram.ignored", update_id=update.update_id, reason=decision.reason)
+            if decision.callback_id:
+                await self._answer_callback(decision.callback_id, "Not allowed." if decision.unauthorized else None)
+            return
+        request = self._run_request(decision, ctx)
+        result = await ctx.submit(request)
+        log.debug("telegram.submitted", update_id=update.update_id, run_id=request.run_id, status=result.status)
+        if decision.callback_id:
+            await self._answer_callback(decision.callback_id, "Approved." if decision.decision == "approve" else "Denied.")
+            if update.callback_query is not None and update.callback_query.message is not None:
+                await self._remove_buttons(update.callback_query.message.chat.id, update.callback_query.message.message_id)
+
+    def _run_request(self, inbound: Inbound, ctx: ChannelContext) -> RunRequest:
+        key = ctx.session_key(inbound.scope, inbound.chat_id, topic=inbound.topic_id)
+        dedupe = f"telegram:cb:{inbound.callback_id}" if inbound.callback_id else f"telegram:{inbound.update_id}"
+        meta = {"chat_type": inbound.chat_type, "is_forum": "true" if inbound.is_forum else "false"}
+        if inbound.username:
+            meta["username"] = inbound.username
+        if self.access.user_listed_id(inbound.user_id, inbound.username):
+            meta["allowlisted"] = "true"
+        return RunRequest(
+            session_key=key,
+            channel="telegram",
+            chat_id=inbound.chat_id,
+            thread_id=inbound.topic_id,
+            user_id=inbound.user_id,
+            user_name=inbound.user_name,
+            text=inbound.text,
+            reply_to=inbound.message_id,
+            dedupe_key=dedupe,
+            meta=meta,
+        )
+
+    async def _answer_callback(self, callback_id: str, text: str | None) -> None:
+        if self._bot is None:
+            return
+        try:
+            await self._bot.answer_callback_query(callback_id, text=text)
+        except TelegramError as exc:
+            log.info("telegram.callback_answer_failed", error=str(exc))
+
+    async def _remove_buttons(self, chat_id: int, message_id: int) -> None:
+        assert self._bot is not None
+        try:
+            await self._bot.edit_message_reply_markup(chat_id=chat_id, message_id=message_id, reply_markup=None)
+        except TelegramError as exc:
+            log.debug("telegram.remove_buttons_failed", error=str(exc))
+
+    # -- outbound -------------------------------------------------------------------------
+
+    def format_parts(self, markdown: str) -> list[str]:
+        return render_parts(markdown, self.message_limit)
+
+    def _require_sender(self) -> TelegramSender:
+        if self._sender is None:
+            raise RuntimeError("the telegram channel is not started")
+        return self._sender
+
+    def open_stream(self, target: Target, run_id: str) -> ReplyStream:
+        return TelegramReplyStream(
+            self._require_sender(), chat_ref(target), run_id,
+            render_preview=lambda text: render_preview(text, self.message_limit),
+            edit_interval_s=self.settings.stream_edit_interval_s,
+            typing_interval_s=self.typing_interval_s,
+        )
+
+    async def send_text(self, target: Target, text: str) -> str | None:
+        """Send a notice (Markdown allowed); returns the first message id, None if empty."""
+        sender = self._require_sender()
+        chat = chat_ref(target)
+        first: str | None = None
+        for index, part in enumerate(self.format_parts(text)):
+            msg = await sender.send(chat, part, reply=index == 0)
+            first = first or str(msg.message_id)
+        return first
+
+    async def ask_approval(self, target: Target, approval_id: str, summary: str) -> None:
+        """Post the summary with Approve/Deny buttons (callback data ``ap:<id>:y|n``)."""
+        if not APPROVAL_ID.match(approval_id):
+            raise ValueError(f"approval id must match {APPROVAL_ID.pattern}, got {approval_id!r}")
+        if len(summary) > APPROVAL_SUMMARY_LIMIT:
+            summary = summary[:APPROVAL_SUMMARY_LIMIT] + "…"
+        keyboard = InlineKeyboardMarkup([[
+            InlineKeyboardButton("✅ Approve", callback_data=f"ap:{approval_id}:y"),
+            InlineKeyboardButton("❌ Deny", callback_data=f"ap:{approval_id}:n"),
+        ]])
+        body = f"<b>Approval needed</b>\n{html.escape(summary, quote=False)}"
+        await self._require_sender().send(chat_ref(target), body, reply_markup=keyboard)
+
+
+def chat_ref(target: Target) -> ChatRef:
+    """Where a reply goes: topic thread if any; a reply to the trigger only in groups."""
+    chat_id: int | str = int(target.chat_id) if re.fullmatch(r"-?\d+", target.chat_id) else target.chat_id
+    thread = int(target.thread_id) if target.thread_id and target.thread_id.isdigit() else None
+    chat_type = target.meta.get("chat_type") or ("private" if isinstance(chat_id, int) and chat_id > 0 else "group")
+    reply_to = None
+    if chat_type != "private" and target.reply_to and target.reply_to.isdigit():
+        reply_to = int(target.reply_to)
+    return ChatRef(chat_id=chat_id, thread_id=thread, reply_to=reply_to)

@@ -1,0 +1,222 @@
+"""Outbound Bot API calls with Telegram's flood control and transient errors handled.
+
+* ``429 retry_after`` is honoured per chat: the chat is paused for that long (other
+  sends to it wait too), then the call is retried;
+* network errors and timeouts are retried a bounded number of times with backoff,
+  then logged with the run id and raised, so the caller can record the failure;
+* a group upgraded to a supergroup (``ChatMigrated``) is retried in the new chat;
+* HTML that Telegram cannot parse is resent once as plain text, and "message is not
+  modified" on an edit counts as success.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import warnings
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Literal, TypeVar
+
+import structlog
+from telegram import Bot, InlineKeyboardMarkup, Message, ReplyParameters
+from telegram.constants import ChatAction, ParseMode
+from telegram.error import BadRequest, ChatMigrated, NetworkError, RetryAfter, TelegramError
+
+from channels.telegram.format import html_to_plain
+
+log = structlog.get_logger(__name__)
+
+T = TypeVar("T")
+ChatId = int | str
+
+
+@dataclass(frozen=True)
+class ChatRef:
+    """Where outbound messages go: a chat, its forum topic, and the message to reply to."""
+
+    chat_id: ChatId
+    thread_id: int | None = None
+    reply_to: int | None = None
+
+
+def raise_if_cancelled() -> None:
+    """Re-raise a cancellation that a library swallowed.
+
+    The HTTP stack (httpcore on anyio) can absorb a task's CancelledError and return the
+    response normally; the task stays marked as cancelling, so check after each call and
+    stop loops that were asked to stop.
+    """
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+def is_parse_error(exc: BaseException) -> bool:
+    return isinstance(exc, BadRequest) and "can't parse entities" in str(exc).lower()
+
+
+def is_not_modified(exc: BaseException) -> bool:
+    return isinstance(exc, BadRequest) and "message is not modified" in str(exc).lower()
+
+
+def retry_after_seconds(exc: RetryAfter) -> float:
+    """``RetryAfter.retry_after`` as seconds (int or timedelta, depending on the library's mode)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        value: Any = exc.retry_after
+    return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+class TelegramSender:
+    """Bot API calls for one bot with per-chat flood control and bounded retries."""
+
+    def __init__(
+        self,
+        bot: Bot,
+        *,
+        max_attempts: int = 4,
+        backoff_s: float = 0.5,
+        max_retry_after_s: float = 600.0,
+        max_flood_waits: int = 5,
+    ) -> None:
+        self.bot = bot
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.max_retry_after_s = max_retry_after_s
+        self.max_flood_waits = max_flood_waits
+        self._paused_until: dict[str, float] = {}
+
+    async def _wait_for_chat(self, chat_id: ChatId) -> None:
+        delay = self._paused_until.get(str(chat_id), 0.0) - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    def _pause_chat(self, chat_id: ChatId, seconds: float) -> None:
+        key = str(chat_id)
+        self._paused_until[key] = max(self._paused_until.get(key, 0.0), time.monotonic() + seconds)
+
+    async def call(
+        self, chat_id: ChatId, what: str, fn: Callable[[ChatId], Awaitable[T]], *, run_id: str = ""
+    ) -> T:
+        """Run ``fn(chat_id)`` with flood control and retries; raises the last error."""
+        attempts = floods = 0
+        while True:
+            await self._wait_for_chat(chat_id)
+            try:
+                result = await fn(chat_id)
+                raise_if_cancelled()
+                return result
+            except RetryAfter as exc:
+                wait = retry_after_seconds(exc)
+                floods += 1
+                if floods > self.max_flood_waits or wait > self.max_retry_after_s:
+                    log.error("telegram.send_failed", what=what, chat_id=str(chat_id), run_id=run_id, error=str(exc))
+                    raise
+                log.info("telegram.rate_limited", what=what, chat_id=str(chat_id), run_id=run_id, retry_after=wait)
+                self._pause_chat(chat_id, wait)
+            except ChatMigrated as exc:
+                log.info("telegram.chat_migrated", old=str(chat_id), new=str(exc.new_chat_id), run_id=run_id)
+                chat_id = exc.new_chat_id
+            except BadRequest:
+                raise
+            except NetworkError as exc:  # includes TimedOut
+                raise_if_cancelled()
+                attempts += 1
+                if attempts >= self.max_attempts:
+                    log.error(
+                        "telegram.send_failed", what=what, chat_id=str(chat_id), run_id=run_id,
+                        attempts=attempts, error=str(exc),
+                    )
+                    raise
+                log.warning("telegram.send_retry", what=what, chat_id=str(chat_id), run_id=run_id, error=str(exc))
+                await asyncio.sleep(self.backoff_s * 2 ** (attempts - 1))
+
+    async def send(
+        self,
+        chat: ChatRef,
+        html: str,
+        *,
+        run_id: str = "",
+        reply: bool = True,
+        reply_markup: InlineKeyboardMarkup | None = None,
+    ) -> Message:
+        """Send one HTML message (plain text if Telegram cannot parse it)."""
+        params: dict[str, Any] = {"reply_markup": reply_markup}
+        if chat.thread_id is not None:
+            params["message_thread_id"] = chat.thread_id
+        if reply and chat.reply_to is not None:
+            params["reply_parameters"] = ReplyParameters(chat.reply_to, allow_sending_without_reply=True)
+
+        async def send_as(text: str, mode: str | None) -> Message:
+            return await self.call(
+                chat.chat_id, "sendMessage",
+                lambda cid: self.bot.send_message(cid, text, parse_mode=mode, **params), run_id=run_id,
+            )
+
+        try:
+            return await send_as(html, ParseMode.HTML)
+        except BadRequest as exc:
+            if not is_parse_error(exc):
+                raise
+            log.warning("telegram.parse_error_resend_plain", chat_id=str(chat.chat_id), run_id=run_id, error=str(exc))
+            return await send_as(html_to_plain(html), None)
+
+    async def edit(
+        self,
+        chat: ChatRef,
+        message_id: int,
+        html: str,
+        *,
+        run_id: str = "",
+        reply_markup: InlineKeyboardMarkup | None = None,
+    ) -> Literal["edited", "unchanged"]:
+        """Replace a message's text; raises BadRequest when it cannot be edited (e.g. deleted)."""
+
+        async def edit_as(text: str, mode: str | None) -> None:
+            await self.call(
+                chat.chat_id, "editMessageText",
+                lambda cid: self.bot.edit_message_text(
+                    text, chat_id=cid, message_id=message_id, parse_mode=mode, reply_markup=reply_markup
+                ),
+                run_id=run_id,
+            )
+
+        try:
+            try:
+                await edit_as(html, ParseMode.HTML)
+            except BadRequest as exc:
+                if not is_parse_error(exc):
+                    raise
+                log.warning("telegram.parse_error_resend_plain", chat_id=str(chat.chat_id), run_id=run_id)
+                await edit_as(html_to_plain(html), None)
+        except BadRequest as exc:
+            if is_not_modified(exc):
+                return "unchanged"
+            raise
+        return "edited"
+
+    async def delete(self, chat: ChatRef, message_id: int, *, run_id: str = "") -> bool:
+        """Delete a message; False (logged) when Telegram refuses."""
+        try:
+            return await self.call(
+                chat.chat_id, "deleteMessage",
+                lambda cid: self.bot.delete_message(cid, message_id), run_id=run_id,
+            )
+        except TelegramError as exc:
+            log.info("telegram.delete_failed", chat_id=str(chat.chat_id), run_id=run_id, error=str(exc))
+            return False
+
+    async def typing(self, chat: ChatRef) -> None:
+        """One typing action, best effort: never waits out a flood limit, never raises."""
+        if self._paused_until.get(str(chat.chat_id), 0.0) > time.monotonic():
+            return
+        try:
+            await self.bot.send_chat_action(chat.chat_id, ChatAction.TYPING, message_thread_id=chat.thread_id)
+            raise_if_cancelled()
+        except RetryAfter as exc:
+            self._pause_chat(chat.chat_id, retry_after_seconds(exc))
+        except TelegramError as exc:
+            raise_if_cancelled()
+            log.debug("telegram.typing_failed", chat_id=str(chat.chat_id), error=str(exc))

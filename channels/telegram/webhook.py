@@ -1,0 +1,79 @@
+"""The Telegram webhook endpoint on botd's HTTP server.
+
+Telegram POSTs each update as JSON with the secret given to setWebhook in the
+``X-Telegram-Bot-Api-Secret-Token`` header. Requests without it get 401, with a wrong
+one 403 (compared in constant time); a body that is not a JSON update gets 400. A
+valid update is handed over (submitted, never waited on until the run ends) and
+answered 200 at once; if handing over fails the answer is 500 so Telegram retries.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+log = structlog.get_logger(__name__)
+
+SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
+
+JsonUpdateHandler = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+class BadUpdate(ValueError):
+    """An update that cannot be understood (answered 400)."""
+
+
+class WebhookIntake:
+    """An aiohttp handler for Telegram webhook requests."""
+
+    def __init__(
+        self,
+        secret: str,
+        handle: JsonUpdateHandler,
+        *,
+        ready: Callable[[], bool] = lambda: True,
+        max_body_bytes: int = 1_048_576,
+    ) -> None:
+        self._secret = secret.encode()
+        self.handle = handle
+        self.ready = ready
+        self.max_body_bytes = max_body_bytes
+
+    async def handle_request(self, request: web.Request) -> web.StreamResponse:
+        given = request.headers.get(SECRET_HEADER)
+        if given is None:
+            log.info("telegram.webhook_rejected", reason="missing secret", remote=request.remote)
+            return _answer(401, "missing secret token")
+        if not hmac.compare_digest(given.encode(), self._secret):
+            log.info("telegram.webhook_rejected", reason="wrong secret", remote=request.remote)
+            return _answer(403, "wrong secret token")
+        if not self.ready():
+            return _answer(503, "not ready")
+        if request.content_length is not None and request.content_length > self.max_body_bytes:
+            return _answer(413, "body too large")
+        body = await request.content.read(self.max_body_bytes + 1)
+        if len(body) > self.max_body_bytes:
+            return _answer(413, "body too large")
+        try:
+            update = json.loads(body)
+        except ValueError:
+            return _answer(400, "body is not valid JSON")
+        if not isinstance(update, dict) or not isinstance(update.get("update_id"), int):
+            return _answer(400, "body is not a Telegram update (no integer update_id)")
+        try:
+            await self.handle(update)
+        except BadUpdate as exc:
+            return _answer(400, str(exc))
+        except Exception as exc:
+            log.error("telegram.webhook_failed", update_id=update["update_id"], error=repr(exc))
+            return _answer(500, "could not accept the update, retry later")
+        return _answer(200, "ok")
+
+
+def _answer(status: int, text: str) -> web.Response:
+    return web.json_response({"ok": status == 200, "description": text}, status=status)
