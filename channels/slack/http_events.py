@@ -68,7 +68,7 @@ def check_body(raw: str, content_type: str) -> str | None:
             if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
                 return "payload must be a JSON object with a type"
             return None
-        if "command" in form:
+        if "command" in form or "ssl_check" in form:
             return None
         return "form has neither a command nor a payload"
     return f"unsupported content type {content_type or '(none)'}"

@@ -7,7 +7,7 @@ dataclass (secrets as plain strings, kept out of ``repr``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 SlackMode = Literal["socket", "http"]
 
@@ -47,6 +47,34 @@ class SlackSettings:
         # Accept lists from the config model as well as tuples.
         object.__setattr__(self, "allow_from", tuple(str(v) for v in self.allow_from))
         object.__setattr__(self, "channels", tuple(str(v) for v in self.channels))
+
+    @classmethod
+    def from_config(cls, config: object, **tuning: Any) -> SlackSettings:
+        """Build from anything shaped like the ``slack:`` config section.
+
+        Secrets may be pydantic ``SecretStr`` (unwrapped here); ``tuning`` sets the
+        fields beyond the config contract.
+        """
+
+        def secret(name: str) -> str | None:
+            value = getattr(config, name, None)
+            if value is None:
+                return None
+            unwrap = getattr(value, "get_secret_value", None)
+            return str(unwrap() if callable(unwrap) else value)
+
+        return cls(
+            bot_token=secret("bot_token") or "",
+            app_token=secret("app_token"),
+            signing_secret=secret("signing_secret"),
+            mode=getattr(config, "mode", "socket"),
+            api_base_url=getattr(config, "api_base_url", None),
+            events_path=getattr(config, "events_path", "/slack/events"),
+            allow_from=tuple(getattr(config, "allow_from", ())),
+            channels=tuple(getattr(config, "channels", ())),
+            require_mention=bool(getattr(config, "require_mention", True)),
+            **tuning,
+        )
 
     @property
     def base_url(self) -> str:

@@ -180,6 +180,7 @@ async def test_timestamp_within_five_minutes_is_accepted(
         (b"[1, 2]", "application/json"),
         (b'{"no_type": 1}', "application/json"),
         (b"a=1&b=2", "application/x-www-form-urlencoded"),
+        (b"", "application/x-www-form-urlencoded"),
         (b"payload=%7Bbroken", "application/x-www-form-urlencoded"),
         (b"hello", "text/plain"),
     ],
@@ -214,6 +215,14 @@ async def test_oversize_body_is_refused_by_the_server(
     body, headers = signed_json(event_body(fake, event), fake.signing_secret)
     status, _ = await post(http, url, body, headers)
     assert status == 413
+
+
+async def test_ssl_check_is_answered(
+    fake: FakeSlack, rec: RecordingContext, url: str, http: aiohttp.ClientSession
+) -> None:
+    body, headers = signed_form({"ssl_check": "1", "token": "legacy"}, fake.signing_secret)
+    assert (await post(http, url, body, headers))[0] == 200
+    assert rec.requests == []
 
 
 async def test_slack_retry_submits_once(
