@@ -67,7 +67,6 @@ class SlackChannel:
         self._inflight: set[asyncio.Task[Any]] = set()
         # Bolt starts a task per event; a burst must not exhaust the store's connections.
         self._intake_slots = asyncio.Semaphore(settings.max_concurrent_intake)
-        self._running = False
 
     # -- lifecycle --------------------------------------------------------------------
     @property
@@ -92,7 +91,6 @@ class SlackChannel:
         except BaseException:
             await self.stop()
             raise
-        self._running = True
 
     async def _start(self, ctx: ChannelContext) -> None:
         s = self.settings
@@ -180,7 +178,6 @@ class SlackChannel:
             log.warning("slack.socket_not_connected_yet", timeout_s=s.connect_timeout_s)
 
     async def stop(self) -> None:
-        self._running = False
         if self._endpoint is not None:
             self._endpoint.accepting = False
         if self._socket is not None:
@@ -189,8 +186,7 @@ class SlackChannel:
             self._socket = None
         if self._connect_task is not None and not self._connect_task.done():
             self._connect_task.cancel()
-            with contextlib.suppress(BaseException):
-                await self._connect_task
+            await asyncio.gather(self._connect_task, return_exceptions=True)
         await self.drain(DRAIN_TIMEOUT_S)
         for task in list(self._inflight):
             task.cancel()
@@ -199,10 +195,10 @@ class SlackChannel:
             self._session = None
 
     def is_ready(self) -> bool:
-        if not self._running and self._connect_task is None:
-            return False
+        if self._session is None or self._identity is None:
+            return False  # not started, or stopped
         if self.settings.mode == "http":
-            return self._running and self._endpoint is not None and self._endpoint.accepting
+            return self._endpoint is not None and self._endpoint.accepting
         socket = self._socket
         if socket is None:
             return False

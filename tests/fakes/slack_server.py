@@ -70,6 +70,7 @@ class FakeSlack:
         self.reactions: set[tuple[str, str, str]] = set()
         self.acks: dict[str, dict[str, Any]] = {}
         self.socket_connections = 0
+        self.refuse_sockets = False  # answer websocket upgrades with 503 while true
         self._faults: dict[str, list[Fault]] = {}
         self._ts = itertools.count(1)
         self._sockets: list[web.WebSocketResponse] = []
@@ -267,7 +268,9 @@ class FakeSlack:
         return {"ok": True}
 
     # -- Socket Mode ------------------------------------------------------------------
-    async def _socket(self, request: web.Request) -> web.WebSocketResponse:
+    async def _socket(self, request: web.Request) -> web.StreamResponse:
+        if self.refuse_sockets:
+            return web.Response(status=503, text="try later")
         ws = web.WebSocketResponse(autoping=True)
         await ws.prepare(request)
         self._sockets.append(ws)

@@ -282,3 +282,26 @@ async def test_bad_tokens_fail_start_with_a_clear_error(fake: FakeSlack, rec: Re
         await SlackChannel(settings_for(fake, bot_token="xoxb-nope")).start(rec.ctx)
     with pytest.raises(SlackStartError, match=re.escape("invalid_auth (check slack.app_token)")):
         await SlackChannel(settings_for(fake, app_token="xapp-nope")).start(rec.ctx)
+
+
+async def test_start_returns_unready_when_the_socket_refuses_and_recovers(
+    fake: FakeSlack, rec: RecordingContext
+) -> None:
+    fake.refuse_sockets = True
+    ch = SlackChannel(
+        settings_for(fake, connect_timeout_s=0.3, socket_ping_interval_s=0.2), observer=rec.observe
+    )
+    await ch.start(rec.ctx)
+    try:
+        assert not ch.is_ready()
+        fake.refuse_sockets = False
+        await fake.wait_connected(within=10)
+        await fake.push_event(
+            message_event("late hello", channel="D5", user="U1", ts="10.1", channel_type="im")
+        )
+        [req] = await rec.wait_requests(1)
+        assert req.text == "late hello"
+        assert ch.is_ready()
+    finally:
+        await ch.stop()
+    assert not ch.is_ready()
