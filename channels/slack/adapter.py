@@ -43,8 +43,22 @@ DRAIN_TIMEOUT_S = 5.0
 Observer = Callable[[str, Outcome], None]
 
 
+_TOKEN_ERRORS = frozenset(
+    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"}
+)
+
+
 class SlackStartError(RuntimeError):
     """The channel could not start (bad token, Slack unreachable); the message says why."""
+
+    @classmethod
+    def of(cls, exc: SlackCallError, key: str) -> SlackStartError:
+        hint = (
+            f"check slack.{key}"
+            if exc.error in _TOKEN_ERRORS
+            else "is the Slack API (slack.api_base_url) reachable?"
+        )
+        return cls(f"Slack {exc.method} failed: {exc.error} ({hint})")
 
 
 class SlackChannel:
@@ -106,7 +120,7 @@ class SlackChannel:
         try:
             auth = await self._api.call("auth.test")
         except SlackCallError as exc:
-            raise SlackStartError(f"Slack auth.test failed: {exc.error} (check slack.bot_token)") from None
+            raise SlackStartError.of(exc, "bot_token") from None
         self._identity = BotIdentity(
             team_id=str(auth.get("team_id") or ""),
             user_id=str(auth.get("user_id") or ""),

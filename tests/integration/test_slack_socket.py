@@ -282,6 +282,9 @@ async def test_bad_tokens_fail_start_with_a_clear_error(fake: FakeSlack, rec: Re
         await SlackChannel(settings_for(fake, bot_token="xoxb-nope")).start(rec.ctx)
     with pytest.raises(SlackStartError, match=re.escape("invalid_auth (check slack.app_token)")):
         await SlackChannel(settings_for(fake, app_token="xapp-nope")).start(rec.ctx)
+    fake.fail("auth.test", "service_unavailable", status=503, times=10)
+    with pytest.raises(SlackStartError, match=re.escape("service_unavailable (is the Slack API")):
+        await SlackChannel(settings_for(fake, api_max_retries=1)).start(rec.ctx)
 
 
 async def test_start_returns_unready_when_the_socket_refuses_and_recovers(
