@@ -6,6 +6,7 @@ commands of a line and applies these to each. Defence in depth, not a sandbox.
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 
@@ -131,6 +132,7 @@ def _kill_targets(values: list[str]) -> list[str]:
     return values
 
 
+@functools.lru_cache(maxsize=4096)
 def _world_writable(mode: str) -> bool:
     if re.fullmatch(r"[0-7]+", mode):
         return bool(int(mode[-1]) & 2)
@@ -145,11 +147,16 @@ def _world_writable(mode: str) -> bool:
 
 
 def _system_path(word: Word) -> bool:
-    path = re.sub(r"/+", "/", word.value)
+    return _is_system_path(word.value, word.pattern)
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_system_path(value: str, pattern: bool) -> bool:
+    path = re.sub(r"/+", "/", value)
     if not path.startswith("/"):
         return False
     normal = posixpath.normpath(path)
-    return normal in _SYSTEM_DIRS or (word.pattern and posixpath.dirname(normal) == "/")
+    return normal in _SYSTEM_DIRS or (pattern and posixpath.dirname(normal) == "/")
 
 
 def scan_text(text: str) -> None:

@@ -23,6 +23,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 # After the leader exits, how long background children may keep writing before the group is killed.
 _EXIT_GRACE_S = 0.5
@@ -148,16 +149,26 @@ async def run_process(
     loop = asyncio.get_running_loop()
     stdout = CappedBuffer(max_output_bytes)
     stderr = CappedBuffer(max_output_bytes)
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _Collector(loop, stdout, stderr),
-        *argv,
-        cwd=str(cwd),
-        env=dict(env),
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
+    spawn = asyncio.ensure_future(
+        loop.subprocess_exec(
+            lambda: _Collector(loop, stdout, stderr),
+            *argv,
+            cwd=str(cwd),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
     )
+    try:
+        transport, protocol = await asyncio.shield(spawn)
+    except asyncio.CancelledError:
+        # The child may be running already (the spawn completes after fork): end its group.
+        spawn.add_done_callback(_end_spawned)
+        with contextlib.suppress(Exception):
+            await _settle(spawn, _KILL_GRACE_S)
+        raise
     pgid = transport.get_pid()  # the leader of a new session: its pid is the group id
     timed_out = False
     try:
@@ -190,10 +201,18 @@ async def run_process(
     )
 
 
-async def _settle(future: asyncio.Future[None], within_s: float) -> None:
+async def _settle(future: asyncio.Future[Any], within_s: float) -> None:
     """Wait for ``future`` at most ``within_s`` seconds, without cancelling it."""
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(asyncio.shield(future), within_s)
+
+
+def _end_spawned(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _Collector]]) -> None:
+    if spawn.cancelled() or spawn.exception() is not None:
+        return
+    transport, _ = spawn.result()
+    _kill_group(transport.get_pid())
+    transport.close()
 
 
 def _kill_group(pgid: int) -> None:

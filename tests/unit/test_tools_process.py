@@ -166,3 +166,25 @@ def test_subprocess_env_copies_only_allowlisted_names_then_declared() -> None:
     out = subprocess_env(["PATH", "LANG"], {"TOOL_VAR": "1", "PATH": "/opt/bin"}, source=source)
     assert out == {"PATH": "/opt/bin", "TOOL_VAR": "1"}
     assert os.environ is not source
+
+
+async def test_cancellation_at_any_moment_of_start_up_leaves_nothing_behind(tmp_path: Path) -> None:
+    """Cancel as early as possible, repeatedly: also while the spawn itself is still completing."""
+    pid_file = tmp_path / "pids"
+    for attempt in range(20):
+        pid_file.unlink(missing_ok=True)
+        task = asyncio.create_task(
+            run_process(
+                ["bash", "-c", SPAWN_TREE], cwd=tmp_path, env=env(), timeout_s=60, max_output_bytes=1024
+            )
+        )
+        if attempt % 2:
+            while not pid_file.exists():
+                await asyncio.sleep(0.001)
+        else:
+            await asyncio.sleep(0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.05)  # a child forked just before the kill may still record its pid
+        assert wait_all_gone(read_pids(pid_file)) == [], attempt
