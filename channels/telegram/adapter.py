@@ -27,7 +27,7 @@ from channels.base import ChannelContext, ReplyStream, Target
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import CONTROL_COMMANDS, Access, BotIdentity, Ignored, Inbound, normalize_update
 from channels.telegram.polling import PollingIntake
-from channels.telegram.redact import TokenRedactor
+from channels.telegram.redact import TokenRedactor, scrub
 from channels.telegram.send import ChatRef, TelegramSender
 from channels.telegram.settings import MESSAGE_LIMIT, TelegramSettings
 from channels.telegram.stream import TYPING_INTERVAL_S, TelegramReplyStream
@@ -113,7 +113,7 @@ class TelegramChannel:
             await self._close_bot()
             raise TelegramStartError("the Bot API rejected telegram.token; check the token") from None
         except (TelegramError, OSError) as exc:
-            log.warning("telegram.connect_failed", error=str(exc), retry_in_s=self.connect_backoff_s)
+            log.warning("telegram.connect_failed", error=scrub(str(exc)), retry_in_s=self.connect_backoff_s)
             self._bring_up_task = asyncio.create_task(self._bring_up_retrying(), name="tg-connect")
 
     def _make_bot(self) -> Bot:
@@ -163,7 +163,7 @@ class TelegramChannel:
             except InvalidToken:
                 log.error("telegram.token_rejected")
             except (TelegramError, OSError) as exc:
-                log.warning("telegram.connect_failed", error=str(exc), retry_in_s=delay)
+                log.warning("telegram.connect_failed", error=scrub(str(exc)), retry_in_s=delay)
             delay = min(delay * 2, 300.0)
 
     async def stop(self) -> None:
@@ -213,7 +213,7 @@ class TelegramChannel:
             await self._ctx.kv.set(key, digest)
             log.info("telegram.commands_set", count=len(commands))
         except Exception as exc:
-            log.warning("telegram.commands_failed", error=str(exc))
+            log.warning("telegram.commands_failed", error=scrub(str(exc)))
 
     # -- inbound --------------------------------------------------------------------------
 
@@ -278,14 +278,14 @@ class TelegramChannel:
         try:
             await self._bot.answer_callback_query(callback_id, text=text)
         except TelegramError as exc:
-            log.info("telegram.callback_answer_failed", error=str(exc))
+            log.info("telegram.callback_answer_failed", error=scrub(str(exc)))
 
     async def _remove_buttons(self, chat_id: int, message_id: int) -> None:
         assert self._bot is not None
         try:
             await self._bot.edit_message_reply_markup(chat_id=chat_id, message_id=message_id, reply_markup=None)
         except TelegramError as exc:
-            log.debug("telegram.remove_buttons_failed", error=str(exc))
+            log.debug("telegram.remove_buttons_failed", error=scrub(str(exc)))
 
     # -- outbound -------------------------------------------------------------------------
 

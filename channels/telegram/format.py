@@ -29,6 +29,7 @@ from channels.telegram.html_split import split_html
 HR_TEXT = "——————"
 BULLET = "• "
 MAX_URL_LEN = 2048
+MIN_PART_LIMIT = 256
 _LINK_SCHEMES = re.compile(r"^(?:https?|tg|mailto|ftp)://|^mailto:|^tg:", re.IGNORECASE)
 _LANG_SAFE = re.compile(r"[^A-Za-z0-9_+#.-]")
 _TAG = re.compile(r"<[^>]*>")
@@ -51,9 +52,12 @@ def html_to_plain(markup: str) -> str:
     return html.unescape(_TAG.sub("", markup))
 
 
-def markdown_to_html(markdown: str) -> str:
-    """Render Markdown to Telegram HTML (one string, not yet split)."""
-    renderer = _Renderer()
+def markdown_to_html(markdown: str, *, max_url_len: int = MAX_URL_LEN) -> str:
+    """Render Markdown to Telegram HTML (one string, not yet split).
+
+    Links whose escaped URL is longer than ``max_url_len`` keep only their label.
+    """
+    renderer = _Renderer(max_url_len=max_url_len)
     renderer.render(_md.parse(markdown))
     return renderer.result()
 
@@ -80,6 +84,7 @@ class _Renderer:
     pending_sep: str = ""
     at_container_start: bool = True
     quote_depth: int = 0
+    max_url_len: int = MAX_URL_LEN
 
     # -- plumbing -----------------------------------------------------------------
 
@@ -285,7 +290,7 @@ class _Renderer:
         self._emit(f"<code>{escape_text(code)}</code>", styled=False)
 
     def _link_open(self, href: str) -> None:
-        if self._active("a") or not _linkable(href):
+        if self._active("a") or not _linkable(href, self.max_url_len):
             self.styles.append(_Style("a", None))
             return
         self._open("a", f'<a href="{escape_attr(href)}">')
@@ -293,14 +298,14 @@ class _Renderer:
     def _image(self, tok: Token) -> None:
         label = _plain_inline(tok.children or []) or "image"
         src = str(tok.attrs.get("src", ""))
-        if _linkable(src) and not self._active("a"):
+        if _linkable(src, self.max_url_len) and not self._active("a"):
             self._emit(f'<a href="{escape_attr(src)}">{escape_text(label)}</a>')
         else:
             self._emit(escape_text(label))
 
 
-def _linkable(href: str) -> bool:
-    return bool(href) and len(href) <= MAX_URL_LEN and bool(_LINK_SCHEMES.match(href))
+def _linkable(href: str, max_len: int) -> bool:
+    return bool(href) and len(escape_attr(href)) <= max_len and bool(_LINK_SCHEMES.match(href))
 
 
 def _plain_inline(children: Sequence[Token]) -> str:
@@ -320,14 +325,26 @@ def render_parts(markdown: str, limit: int) -> list[str]:
     """Markdown to Telegram HTML messages of at most ``limit`` UTF-16 units each.
 
     Parts whose visible text is blank are dropped (Telegram rejects empty messages).
+    URLs are capped below half the limit (and code languages at 32 characters), so the
+    tags a part must reopen (a blockquote, three styles and a link, or a blockquote and
+    ``<pre><code>``) always leave room for text.
     """
-    parts = split_html(markdown_to_html(markdown), limit)
+    if limit < MIN_PART_LIMIT:
+        raise ValueError(f"limit must be at least {MIN_PART_LIMIT} to leave room beside reopened tags")
+    max_url = min(MAX_URL_LEN, (limit - 128) // 2)
+    parts = split_html(markdown_to_html(markdown, max_url_len=max_url), limit)
     return [part for part in parts if html_to_plain(part).strip()]
 
 
 def render_preview(markdown: str, limit: int) -> str:
-    """The first message's worth of a partial answer, with an ellipsis if more follows."""
-    parts = render_parts(markdown, limit - 2)
+    """The first message's worth of a partial answer, with an ellipsis if more follows.
+
+    Only the head of the text is rendered (previews repeat while a long answer
+    streams); four times the limit is ample to fill one message.
+    """
+    head = markdown[: 4 * limit]
+    parts = render_parts(head, limit - 2)
     if not parts:
         return ""
-    return parts[0] + "\n…" if len(parts) > 1 else parts[0]
+    more = len(parts) > 1 or len(head) < len(markdown)
+    return parts[0] + "\n…" if more else parts[0]

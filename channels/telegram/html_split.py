@@ -71,17 +71,33 @@ def _tokenize(markup: str, measure: Measure) -> _Units:
     return units
 
 
+def _drop_empty_elements(units: _Units) -> _Units:
+    """Remove elements that enclose nothing (``<b></b>``, also nested): they show nothing."""
+    keep: list[int] = []
+    for j, kind in enumerate(units.kind):
+        if kind == CLOSE and keep and units.kind[keep[-1]] == OPEN and units.name[keep[-1]] == units.name[j]:
+            keep.pop()
+            continue
+        keep.append(j)
+    if len(keep) == len(units.raw):
+        return units
+    return _Units(
+        [units.raw[j] for j in keep], [units.kind[j] for j in keep], [units.name[j] for j in keep],
+        [units.visible[j] for j in keep], [units.size[j] for j in keep],
+    )
+
+
 def split_html(markup: str, limit: int, measure: Measure = utf16_len) -> list[str]:
     """Split balanced HTML into balanced parts of at most ``limit``.
 
-    Markup that encloses no text at all (e.g. a trailing ``<b></b>``) is dropped.
+    Elements that enclose no text at all (e.g. ``<b></b>``) are dropped.
     Raises :class:`ValueError` if ``limit`` is not positive, if the markup is not
     balanced, or if the tags open at some point are so long that not even one
     character fits beside them.
     """
     if limit < 1:
         raise ValueError(f"limit must be positive, got {limit}")
-    units = _tokenize(markup, measure)
+    units = _drop_empty_elements(_tokenize(markup, measure))
     n = len(units.raw)
     last_text = max((j for j in range(n) if units.kind[j] == TEXT), default=-1)
     parts: list[str] = []

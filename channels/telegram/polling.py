@@ -23,6 +23,7 @@ from telegram import Bot, Update
 from telegram.error import Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 
 from channels.base import KeyValue
+from channels.telegram.redact import scrub
 from channels.telegram.send import raise_if_cancelled, retry_after_seconds
 
 log = structlog.get_logger(__name__)
@@ -91,14 +92,14 @@ class PollingIntake:
             if not done:
                 log.warning("telegram.poller_stop_timeout", timeout_s=STOP_TIMEOUT_S)
             elif not task.cancelled() and task.exception() is not None:
-                log.error("telegram.poller_failed", error=repr(task.exception()))
+                log.error("telegram.poller_failed", error=scrub(repr(task.exception())))
         self.is_leader = False
         try:  # release the lease so a follower takes over now, not when it expires
             if await self.kv.get(self.lease_key) == self.replica_id:
                 await self.kv.delete(self.lease_key)
                 log.info("telegram.poller_released", replica=self.replica_id)
         except Exception as exc:
-            log.warning("telegram.poller_release_failed", error=str(exc))
+            log.warning("telegram.poller_release_failed", error=scrub(str(exc)))
 
     # -- leadership -------------------------------------------------------------------
 
@@ -124,7 +125,7 @@ class PollingIntake:
                 return True
             return await self.kv.get(self.lease_key) == self.replica_id
         except Exception as exc:
-            log.warning("telegram.poller_lease_error", error=str(exc))
+            log.warning("telegram.poller_lease_error", error=scrub(str(exc)))
             return False
 
     async def _keep_lease(self) -> None:
@@ -139,7 +140,7 @@ class PollingIntake:
                     return
                 last_ok = time.monotonic()
             except Exception as exc:
-                log.warning("telegram.poller_lease_error", error=str(exc))
+                log.warning("telegram.poller_lease_error", error=scrub(str(exc)))
                 if time.monotonic() - last_ok >= self.lease_ttl_s - self.renew_every_s:
                     return
 
@@ -152,7 +153,7 @@ class PollingIntake:
                 raise_if_cancelled()
                 if poller is None or poller.done():
                     if poller is not None and not poller.cancelled() and poller.exception() is not None:
-                        log.error("telegram.poller_crashed", error=repr(poller.exception()))
+                        log.error("telegram.poller_crashed", error=scrub(repr(poller.exception())))
                         await asyncio.sleep(self.backoff_s)
                     self._last_progress = time.monotonic()
                     poller = asyncio.create_task(self._poll_loop(), name="tg-getupdates")
@@ -173,7 +174,7 @@ class PollingIntake:
         try:
             raw = await self.kv.get(self.offset_key)
         except Exception as exc:
-            log.warning("telegram.offset_read_failed", error=str(exc))
+            log.warning("telegram.offset_read_failed", error=scrub(str(exc)))
             return self._offset
         if raw is not None and raw.isdigit():
             return max(int(raw), self._offset or 0)
@@ -218,7 +219,7 @@ class PollingIntake:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.error("telegram.update_failed", update_id=update.update_id, error=repr(exc))
+                log.error("telegram.update_failed", update_id=update.update_id, error=scrub(repr(exc)))
                 return False
             self._offset = update.update_id + 1
             self._last_progress = time.monotonic()
@@ -226,14 +227,14 @@ class PollingIntake:
             try:
                 await self.kv.set(self.offset_key, str(self._offset), OFFSET_TTL_S)
             except Exception as exc:
-                log.warning("telegram.offset_write_failed", error=str(exc))
+                log.warning("telegram.offset_write_failed", error=scrub(str(exc)))
         return True
 
     async def _failed(self, event: str, exc: BaseException, wait: float | None = None) -> None:
         raise_if_cancelled()
         self._failures += 1
         delay = wait if wait is not None else min(self.max_backoff_s, self.backoff_s * 2 ** (self._failures - 1))
-        log.warning(event, error=str(exc), retry_in_s=round(delay, 2), failures=self._failures)
+        log.warning(event, error=scrub(str(exc)), retry_in_s=round(delay, 2), failures=self._failures)
         await asyncio.sleep(delay)
 
 

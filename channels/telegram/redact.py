@@ -2,14 +2,23 @@
 
 The Bot API puts the token in every URL, and httpx logs request URLs at INFO
 ("HTTP Request: POST https://api.telegram.org/bot<token>/getUpdates"). A filter on
-the libraries' loggers replaces the token before any handler sees the record.
+the libraries' loggers replaces the token before any handler sees the record, and
+:func:`scrub` cleans error texts before we log them ourselves.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 
 REDACTED = "<telegram-token>"
+# A bot token: the numeric bot id, a colon, and the 35-character secret.
+_TOKEN_SHAPE = re.compile(r"(?<!\d)\d{3,}:[A-Za-z0-9_-]{30,}")
+
+
+def scrub(text: str) -> str:
+    """Replace anything shaped like a bot token (for error messages that go into logs)."""
+    return _TOKEN_SHAPE.sub(REDACTED, text)
 LOGGERS = ("httpx", "telegram", "telegram.Bot", "telegram.BaseRequest", "telegram.HTTPXRequest")
 
 
@@ -27,8 +36,9 @@ class TokenRedactor(logging.Filter):
             message = record.getMessage()
         except Exception:
             return True
-        if self.secret in message:
-            record.msg = message.replace(self.secret, REDACTED)
+        cleaned = scrub(message.replace(self.secret, REDACTED))
+        if cleaned != message:
+            record.msg = cleaned
             record.args = None
         return True
 

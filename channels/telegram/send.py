@@ -25,6 +25,7 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, ChatMigrated, NetworkError, RetryAfter, TelegramError
 
 from channels.telegram.format import html_to_plain
+from channels.telegram.redact import scrub
 
 log = structlog.get_logger(__name__)
 
@@ -112,7 +113,7 @@ class TelegramSender:
                 wait = retry_after_seconds(exc)
                 floods += 1
                 if floods > self.max_flood_waits or wait > self.max_retry_after_s:
-                    log.error("telegram.send_failed", what=what, chat_id=str(chat_id), run_id=run_id, error=str(exc))
+                    log.error("telegram.send_failed", what=what, chat_id=str(chat_id), run_id=run_id, error=scrub(str(exc)))
                     raise
                 log.info("telegram.rate_limited", what=what, chat_id=str(chat_id), run_id=run_id, retry_after=wait)
                 self._pause_chat(chat_id, wait)
@@ -127,10 +128,10 @@ class TelegramSender:
                 if attempts >= self.max_attempts:
                     log.error(
                         "telegram.send_failed", what=what, chat_id=str(chat_id), run_id=run_id,
-                        attempts=attempts, error=str(exc),
+                        attempts=attempts, error=scrub(str(exc)),
                     )
                     raise
-                log.warning("telegram.send_retry", what=what, chat_id=str(chat_id), run_id=run_id, error=str(exc))
+                log.warning("telegram.send_retry", what=what, chat_id=str(chat_id), run_id=run_id, error=scrub(str(exc)))
                 await asyncio.sleep(self.backoff_s * 2 ** (attempts - 1))
 
     async def send(
@@ -160,7 +161,7 @@ class TelegramSender:
         except BadRequest as exc:
             if not is_parse_error(exc):
                 raise
-            log.warning("telegram.parse_error_resend_plain", chat_id=str(chat.chat_id), run_id=run_id, error=str(exc))
+            log.warning("telegram.parse_error_resend_plain", chat_id=str(chat.chat_id), run_id=run_id, error=scrub(str(exc)))
             return await send_as(html_to_plain(html), None)
 
     async def edit(
@@ -205,7 +206,7 @@ class TelegramSender:
                 lambda cid: self.bot.delete_message(cid, message_id), run_id=run_id,
             )
         except TelegramError as exc:
-            log.info("telegram.delete_failed", chat_id=str(chat.chat_id), run_id=run_id, error=str(exc))
+            log.info("telegram.delete_failed", chat_id=str(chat.chat_id), run_id=run_id, error=scrub(str(exc)))
             return False
 
     async def typing(self, chat: ChatRef) -> None:
@@ -219,4 +220,4 @@ class TelegramSender:
             self._pause_chat(chat.chat_id, retry_after_seconds(exc))
         except TelegramError as exc:
             raise_if_cancelled()
-            log.debug("telegram.typing_failed", chat_id=str(chat.chat_id), error=str(exc))
+            log.debug("telegram.typing_failed", chat_id=str(chat.chat_id), error=scrub(str(exc)))

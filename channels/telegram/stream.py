@@ -18,6 +18,7 @@ from collections.abc import Callable
 import structlog
 from telegram.error import BadRequest, TelegramError
 
+from channels.telegram.redact import scrub
 from channels.telegram.send import ChatRef, TelegramSender, raise_if_cancelled
 
 log = structlog.get_logger(__name__)
@@ -116,12 +117,12 @@ class TelegramReplyStream:
                 try:
                     await self.sender.edit(self.chat, self.preview_message_id, rendered, run_id=self.run_id)
                 except BadRequest as exc:
-                    log.info("telegram.preview_edit_failed", run_id=self.run_id, error=str(exc))
+                    log.info("telegram.preview_edit_failed", run_id=self.run_id, error=scrub(str(exc)))
                     msg = await self.sender.send(self.chat, rendered, run_id=self.run_id)
                     self.preview_message_id = msg.message_id
             self._pushed = rendered
         except TelegramError as exc:
-            log.info("telegram.preview_failed", run_id=self.run_id, error=str(exc))
+            log.info("telegram.preview_failed", run_id=self.run_id, error=scrub(str(exc)))
 
     async def _stop_previews(self) -> None:
         """No preview may change after this returns (caller holds the lock)."""
@@ -153,7 +154,7 @@ class TelegramReplyStream:
                 await self.sender.edit(self.chat, preview_id, part, run_id=self.run_id)
                 return str(preview_id)
             except BadRequest as exc:
-                log.info("telegram.final_edit_failed", run_id=self.run_id, error=str(exc))
+                log.info("telegram.final_edit_failed", run_id=self.run_id, error=scrub(str(exc)))
         msg = await self.sender.send(self.chat, part, run_id=self.run_id, reply=index == 0)
         return str(msg.message_id)
 

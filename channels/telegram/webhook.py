@@ -17,6 +17,8 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from channels.telegram.redact import scrub
+
 log = structlog.get_logger(__name__)
 
 SECRET_HEADER = "X-Telegram-Bot-Api-Secret-Token"
@@ -70,7 +72,7 @@ class WebhookIntake:
         except BadUpdate as exc:
             return _answer(400, str(exc))
         except Exception as exc:
-            log.error("telegram.webhook_failed", update_id=update["update_id"], error=repr(exc))
+            log.error("telegram.webhook_failed", update_id=update["update_id"], error=scrub(repr(exc)))
             return _answer(500, "could not accept the update, retry later")
         return _answer(200, "ok")
 

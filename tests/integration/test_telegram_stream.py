@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -211,3 +212,16 @@ async def test_outbound_before_start_is_a_clear_error(h: TelegramHarness) -> Non
     channel = await h.channel(start=False)
     with pytest.raises(RuntimeError, match="not started"):
         channel.open_stream(DM, "r")
+
+
+async def test_token_never_reaches_logs(h: TelegramHarness, ch: TelegramChannel, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    with capture_logs() as logs:
+        await ch.send_text(DM, "hi")
+        h.fake.fail_next("sendMessage", code=502, description=f"Bad Gateway at /bot{h.fake.token}/x", times=10)
+        with pytest.raises(NetworkError):
+            await ch.send_text(DM, "fails")
+    assert "HTTP Request: POST" in caplog.text and "<telegram-token>" in caplog.text
+    assert h.fake.token not in caplog.text
+    assert any(e["event"] == "telegram.send_failed" for e in logs)
+    assert h.fake.token not in repr(logs)

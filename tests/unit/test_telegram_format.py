@@ -167,6 +167,18 @@ def test_split_rejects_markup_too_long_for_limit() -> None:
         split_html('<a href="https://example.com/very/long">x</a>', 10)
 
 
+def test_render_parts_rejects_tiny_limits() -> None:
+    with pytest.raises(ValueError, match="at least 256"):
+        render_parts("text", 100)
+
+
+def test_long_urls_are_not_linked_when_they_would_crowd_a_part() -> None:
+    url = "https://example.com/" + "a" * 300
+    [part] = render_parts(f"[label]({url})", 400)
+    assert part == "label"
+    assert render_parts(f"[label]({url})", 4096)[0].startswith('<a href="https://example.com/')
+
+
 def test_preview_is_truncated_with_ellipsis() -> None:
     preview = render_preview("para " * 2000, 4096)
     assert utf16_len(preview) <= 4096
@@ -190,7 +202,7 @@ _md_pieces = st.sampled_from([
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(_md_pieces, max_size=120), st.integers(min_value=60, max_value=400))
+@given(st.lists(_md_pieces, max_size=200), st.integers(min_value=256, max_value=700))
 def test_render_parts_properties(pieces: list[str], limit: int) -> None:
     md = "".join(pieces)
     whole = markdown_to_html(md)
