@@ -82,26 +82,11 @@ def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
     if cfg.slack.enabled:
         from channels.slack import SlackChannel, SlackSettings
 
-        slack = SlackSettings(
-            bot_token=_reveal(cfg.slack.bot_token) or "",
-            app_token=_reveal(cfg.slack.app_token),
-            signing_secret=_reveal(cfg.slack.signing_secret),
-            mode=cfg.slack.mode,
-            api_base_url=cfg.slack.api_base_url,
-            events_path=cfg.slack.events_path,
-            allow_from=tuple(cfg.slack.allow_from),
-            channels=tuple(cfg.slack.channels),
-            require_mention=cfg.slack.require_mention,
-        )
+        slack = SlackSettings.from_config(cfg.slack)
         for secret in (slack.bot_token, slack.app_token, slack.signing_secret):
             register_secret(secret)
         out["slack"] = SlackChannel(slack)
     return out
-
-
-def _reveal(value: object) -> str | None:
-    getter = getattr(value, "get_secret_value", None)
-    return getter() if callable(getter) else (None if value is None else str(value))
 
 
 def heartbeat_settings(cfg: BotdConfig) -> HeartbeatSettings:
