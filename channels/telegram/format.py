@@ -339,10 +339,10 @@ def render_parts(markdown: str, limit: int) -> list[str]:
 def render_preview(markdown: str, limit: int) -> str:
     """The first message's worth of a partial answer, with an ellipsis if more follows.
 
-    Only the head of the text is rendered (previews repeat while a long answer
-    streams); four times the limit is ample to fill one message.
+    Only the head of the text is rendered: previews repeat while a long answer
+    streams, and a quarter more than the limit nearly always fills one message.
     """
-    head = markdown[: 4 * limit]
+    head = markdown[: limit + limit // 4]
     parts = render_parts(head, limit - 2)
     if not parts:
         return ""

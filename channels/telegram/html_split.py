@@ -99,7 +99,7 @@ def split_html(markup: str, limit: int, measure: Measure = utf16_len) -> list[st
         raise ValueError(f"limit must be positive, got {limit}")
     units = _drop_empty_elements(_tokenize(markup, measure))
     n = len(units.raw)
-    last_text = max((j for j in range(n) if units.kind[j] == TEXT), default=-1)
+    last_text = next((j for j in range(n - 1, -1, -1) if units.kind[j] == TEXT), -1)
     parts: list[str] = []
     stack: list[tuple[str, str]] = []  # (name, opening tag) open at the current position
     i = 0

@@ -204,7 +204,7 @@ def normalize_callback(update_id: int, query: CallbackQuery, access: Access) -> 
         user_name=display_name(user),
         username=user.username,
         text=f"/{decision} {approval_id}",
-        message_id=None,
+        message_id=str(msg.message_id),  # replies to the decision go under the approval message
         callback_id=query.id,
         decision=decision,
     )

@@ -114,9 +114,13 @@ class PollingIntake:
                 log.info("telegram.poller_leader", replica=self.replica_id)
                 try:
                     await self._lead()
+                    log.warning("telegram.poller_lease_lost", replica=self.replica_id)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # keep the replica in the election whatever happened
+                    log.error("telegram.poller_crashed", error=scrub(repr(exc)))
                 finally:
                     self.is_leader = False
-                log.warning("telegram.poller_lease_lost", replica=self.replica_id)
             await asyncio.sleep(self.renew_every_s)
 
     async def _acquire(self) -> bool:

@@ -48,6 +48,7 @@ class TelegramReplyStream:
         self.preview_message_id: int | None = None
         self._latest: str | None = None
         self._pushed: str | None = None
+        self._pushed_source: str | None = None
         self._last_push = 0.0
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -102,6 +103,9 @@ class TelegramReplyStream:
 
     async def _push(self, text: str) -> None:
         """Show ``text`` in the preview message (caller holds the lock)."""
+        if text == self._pushed_source:
+            return
+        self._pushed_source = text
         try:
             rendered = self.render_preview(text)
         except Exception:  # the preview must never break a run

@@ -251,10 +251,11 @@ def _approval_message(fake: FakeTelegram, chat_id: int) -> dict[str, Any]:
 
 
 def test_callback_from_allowed_user_becomes_approve_command(fake: FakeTelegram) -> None:
-    update = {"update_id": 9, **fake.callback_update(fake.user(42, "Ann"), _approval_message(fake, 42), "ap:abc123:y")}
+    approval = _approval_message(fake, 42)
+    update = {"update_id": 9, **fake.callback_update(fake.user(42, "Ann"), approval, "ap:abc123:y")}
     got = inbound(update, allow_from=("42",))
     assert (got.text, got.scope, got.chat_id, got.decision) == ("/approve abc123", "dm", "42", "approve")
-    assert got.callback_id
+    assert got.callback_id and got.message_id == str(approval["message_id"])
 
 
 def test_callback_deny(fake: FakeTelegram) -> None:

