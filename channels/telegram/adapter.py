@@ -103,6 +103,7 @@ class TelegramChannel:
         self._stopping = False
         self._command_names = CONTROL_COMMANDS | {c.lstrip("/").lower() for c, _ in ctx.commands}
         self._redactor.install()
+        await self._close_bot()  # a restart replaces the clients of the previous run
         self._bot = self._make_bot()
         self._sender = TelegramSender(self._bot, max_attempts=self.send_attempts, backoff_s=self.send_backoff_s)
         if self.settings.mode == "webhook":
@@ -167,7 +168,11 @@ class TelegramChannel:
             delay = min(delay * 2, 300.0)
 
     async def stop(self) -> None:
-        """Stop intake (releasing the poller lease) and close the HTTP clients."""
+        """Stop intake (releasing the poller lease; the webhook answers 503).
+
+        Outbound keeps working, so runs still finishing during a graceful shutdown can
+        deliver their replies; :meth:`aclose` releases the HTTP clients at the very end.
+        """
         self._stopping = True
         self._up = False
         task, self._bring_up_task = self._bring_up_task, None
@@ -178,7 +183,12 @@ class TelegramChannel:
         if self.poller is not None:
             await self.poller.stop()
             self.poller = None
+
+    async def aclose(self) -> None:
+        """Stop intake and close the HTTP clients; nothing can be sent afterwards."""
+        await self.stop()
         await self._close_bot()
+        self._sender = None
         self._redactor.uninstall()
 
     async def _close_bot(self) -> None:

@@ -144,7 +144,7 @@ class TelegramHarness:
 
     async def __aexit__(self, *exc: object) -> None:
         for channel in reversed(self.channels):
-            await channel.stop()
+            await channel.aclose()
         if self._runner is not None:
             await self._runner.cleanup()
         self._sock.close()

@@ -225,3 +225,17 @@ async def test_token_never_reaches_logs(h: TelegramHarness, ch: TelegramChannel,
     assert h.fake.token not in caplog.text
     assert any(e["event"] == "telegram.send_failed" for e in logs)
     assert h.fake.token not in repr(logs)
+
+
+async def test_replies_still_go_out_after_intake_stopped(h: TelegramHarness, ch: TelegramChannel) -> None:
+    stream = ch.open_stream(DM, "run-shutdown")
+    await stream.preview("working on it")
+    await h.fake.wait_calls("sendMessage")
+    await ch.stop()  # graceful shutdown: intake first, runs finish afterwards
+    assert not ch.is_ready()
+    await stream.deliver(0, "done before exit")
+    assert await ch.send_text(DM, "Stopped.") is not None
+    assert [m.text for m in h.fake.sent_messages(42)] == ["done before exit", "Stopped."]
+    await ch.aclose()
+    with pytest.raises(RuntimeError, match="not started"):
+        await ch.send_text(DM, "too late")
