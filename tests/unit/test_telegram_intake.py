@@ -319,3 +319,12 @@ def test_settings_from_section_reveals_secret_values() -> None:
 
     s = TelegramSettings.from_section(Section())
     assert s.token == TOKEN and s.allow_from == ("42", "@ann") and s.groups == ("-1001",) and s.bot_id == "123456789"
+
+
+def test_channel_satisfies_the_adapter_protocol() -> None:
+    from channels.base import ChannelAdapter
+    from channels.telegram import TelegramChannel
+
+    channel = TelegramChannel(settings())
+    assert isinstance(channel, ChannelAdapter)
+    assert channel.name == "telegram" and not channel.is_ready()
