@@ -16,7 +16,7 @@ from agent.llm_types import ChatModel
 from agent.tools.builtin import load_tools
 from agent.tools.registry import ToolRegistry, ToolSettings
 from bot.compactor import SessionCompactor
-from bot.config import BotdConfig
+from bot.config import BotdConfig, ConfigError
 from bot.gateway.approvals import Approvals
 from bot.gateway.broadcast import Broadcast
 from bot.gateway.commands import COMMANDS
@@ -59,6 +59,10 @@ def tool_settings(cfg: BotdConfig) -> ToolSettings:
 def build_model(cfg: BotdConfig) -> LLMClient:
     key = cfg.llm.api_key.get_secret_value() if cfg.llm.api_key else None
     register_secret(key)
+    if key is None and cfg.llm.base_url is None:
+        raise ConfigError(
+            "config error: llm.api_key: required when llm.base_url is not set (or set OPENAI_API_KEY)"
+        )
     return LLMClient(
         model=cfg.llm.model,
         base_url=cfg.llm.base_url,

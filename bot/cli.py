@@ -12,16 +12,21 @@ from bot.logs import configure_logging
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="botd", description="Chat-platform bot daemon.")
-    parser.add_argument("--config", help="config file (default: $BOTD_CONFIG, else ./botd.yaml)")
+    # --config is accepted before or after the subcommand (`botd run --config x.yaml`).
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", default=argparse.SUPPRESS, help="config file (default: $BOTD_CONFIG, else ./botd.yaml)")
+    parser = argparse.ArgumentParser(prog="botd", description="Chat-platform bot daemon.", parents=[common])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("run", help="run the daemon until SIGTERM/SIGINT")
-    sub.add_parser("chat", help="talk to the bot on this terminal")
-    sub.add_parser("doctor", help="check config, Redis, the LLM endpoint and channel tokens")
+    def command(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, parents=[common])
 
-    cron = sub.add_parser("cron", help="scheduled jobs").add_subparsers(dest="cron_command", required=True)
-    add = cron.add_parser("add", help="add a job; prints its id")
+    command("run", "run the daemon until SIGTERM/SIGINT")
+    command("chat", "talk to the bot on this terminal")
+    command("doctor", "check config, Redis, the LLM endpoint and channel tokens")
+
+    cron = command("cron", "scheduled jobs").add_subparsers(dest="cron_command", required=True)
+    add = cron.add_parser("add", help="add a job; prints its id", parents=[common])
     when = add.add_mutually_exclusive_group(required=True)
     when.add_argument("--at", help="ISO-8601 time, once")
     when.add_argument("--in", dest="in_", help="delay such as 20m, once")
@@ -34,27 +39,27 @@ def build_parser() -> argparse.ArgumentParser:
     add.add_argument("--prompt", required=True)
     add.add_argument("--allow", help="extra tool categories, e.g. write,admin")
     add.add_argument("--id", dest="job_id", help="job id (default: generated)")
-    listing = cron.add_parser("list", help="list jobs")
+    listing = cron.add_parser("list", help="list jobs", parents=[common])
     listing.add_argument("--json", action="store_true")
-    cron.add_parser("rm", help="remove a job").add_argument("id")
-    run_now = cron.add_parser("run-now", help="run a job now on a running daemon (heartbeat: 'heartbeat')")
+    cron.add_parser("rm", help="remove a job", parents=[common]).add_argument("id")
+    run_now = cron.add_parser("run-now", help="run a job now on a running daemon (heartbeat: 'heartbeat')", parents=[common])
     run_now.add_argument("id")
     run_now.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                          help="wait up to SECONDS for the run's ledger entry and print it")
 
-    sessions = sub.add_parser("sessions", help="stored sessions").add_subparsers(dest="sessions_command", required=True)
-    sessions.add_parser("list", help="sessions by last activity").add_argument("--limit", type=int, default=50)
-    sessions.add_parser("show", help="one session").add_argument("key")
-    sessions.add_parser("reset", help="clear one session's history").add_argument("key")
+    sessions = command("sessions", "stored sessions").add_subparsers(dest="sessions_command", required=True)
+    sessions.add_parser("list", help="sessions by last activity", parents=[common]).add_argument("--limit", type=int, default=50)
+    sessions.add_parser("show", help="one session", parents=[common]).add_argument("key")
+    sessions.add_parser("reset", help="clear one session's history", parents=[common]).add_argument("key")
 
-    sub.add_parser("trace", help="show the trace of a run").add_argument("run_id")
+    command("trace", "show the trace of a run").add_argument("run_id")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(getattr(args, "config", None))
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
@@ -85,6 +90,9 @@ async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
     except StoreUnavailable as exc:
         print(f"botd: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return 2
 
 

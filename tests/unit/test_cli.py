@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bot.app import build_model
+from bot.cli import build_parser, main
+from bot.config import BotdConfig, ConfigError
+
+
+def test_config_accepted_before_and_after_the_subcommand() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["--config", "a.yaml", "run"]).config == "a.yaml"
+    assert parser.parse_args(["run", "--config", "b.yaml"]).config == "b.yaml"
+    assert parser.parse_args(["cron", "add", "--in", "20m", "--channel", "slack", "--chat-id", "C1",
+                              "--prompt", "hi", "--config", "c.yaml"]).config == "c.yaml"
+    assert not hasattr(parser.parse_args(["run"]), "config")
+
+
+def test_cron_add_needs_exactly_one_schedule() -> None:
+    parser = build_parser()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["cron", "add", "--in", "1m", "--every", "1h", "--channel", "slack",
+                           "--chat-id", "C", "--prompt", "p"])
+
+
+def test_bad_config_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "botd.yaml"
+    path.write_text("queue: {cap: 0}")
+    assert main(["run", "--config", str(path)]) == 2
+    assert "queue.cap" in capsys.readouterr().err
+
+
+def test_missing_api_key_without_base_url_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="llm.api_key"):
+        build_model(BotdConfig())
