@@ -87,6 +87,12 @@ class Daemon:
                 with contextlib.suppress(Exception):
                     await app.scheduler.stop(grace_s=1.0)
             await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s)
+        # Intake stopped first; replies of finishing runs needed the clients until now.
+        for channel in self._started_channels:
+            close = getattr(channel, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
         if self.http is not None:
             await self.http.stop()
         await self._lag.stop()

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 
 import structlog
 
 from bot import metrics
+from bot.tasks import stop_task
 
 log = structlog.get_logger(__name__)
 
@@ -34,7 +34,5 @@ class LoopLagMonitor:
                 log.warning("loop.lag", seconds=round(lag, 3))
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await stop_task(self._task)
+        self._task = None

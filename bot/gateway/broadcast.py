@@ -15,6 +15,8 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 
+from bot.tasks import stop_task
+
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
@@ -67,8 +69,5 @@ class Broadcast:
                     await pubsub.aclose()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await stop_task(self._task)
+        self._task = None

@@ -23,6 +23,9 @@ from channels.base import ChannelAdapter, Target
 
 log = structlog.get_logger(__name__)
 
+# How long /new waits for a stopped run to end (its tools get 10 s to die) before resetting.
+NEW_SESSION_WAIT_S = 12.0
+
 
 class GatewayOps(Protocol):
     inbox: Inbox
@@ -30,6 +33,7 @@ class GatewayOps(Protocol):
     async def stop_session(self, session_key: str) -> None: ...
     async def is_busy(self, session_key: str) -> bool: ...
     async def is_running(self, session_key: str) -> bool: ...
+    async def wait_not_running(self, session_key: str, timeout_s: float) -> bool: ...
 
 
 class ControlCommands:
@@ -69,8 +73,13 @@ class ControlCommands:
             await gateway.stop_session(session_key)
             text = "Stopped." + (f" Dropped {len(dropped)} queued message(s)." if dropped else "")
         elif command.name == "new":
-            await gateway.stop_session(session_key)
+            # Queued messages go first, so the stopped worker has nothing left to take; the
+            # reset waits for the stopped run, which would otherwise record its part of the
+            # old conversation into the fresh session.
             await gateway.inbox.clear(session_key)
+            await gateway.stop_session(session_key)
+            if not await gateway.wait_not_running(session_key, NEW_SESSION_WAIT_S):
+                log.warning("command.new_run_still_active", session_key=session_key)
             await self._sessions.reset(session_key)
             text = "Started a fresh session."
         elif command.name == "status":

@@ -34,6 +34,7 @@ from bot.gateway.reply import notify
 from bot.gateway.runner import RETRY_REASONS, RunExecutor, RunOutcome
 from bot.store.keys import Keys
 from bot.store.locks import SessionLock
+from bot.tasks import RETRY_S, stop_task
 from channels.base import ChannelAdapter, SubmitResult, Target
 
 log = structlog.get_logger(__name__)
@@ -48,6 +49,13 @@ class ActiveRun:
     started_at: float
     run_id: str
     reason: str | None = None
+    acknowledged: bool = False  # the run has seen its cancellation and is cleaning up
+    nudger: asyncio.Task[None] | None = None
+
+    def acknowledge(self) -> str | None:
+        """Called by the run when it handles its cancellation: stop re-cancelling it."""
+        self.acknowledged = True
+        return self.reason
 
 
 class Gateway:
@@ -96,10 +104,7 @@ class Gateway:
         start) runs them again: nothing accepted is lost.
         """
         self._closing = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        await stop_task(self._sweeper)
         workers = list(self._workers.values())
         if workers:
             _, pending = await asyncio.wait(workers, timeout=grace_s)
@@ -166,6 +171,17 @@ class Gateway:
     def active_run(self, session_key: str) -> ActiveRun | None:
         return self._active.get(session_key)
 
+    async def wait_not_running(self, session_key: str, timeout_s: float) -> bool:
+        """Wait until no replica runs the session (a stopped run has recorded what it keeps);
+        False when it still runs after ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while await self.is_running(session_key):
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
+
     # ---- stopping ----------------------------------------------------------------------
 
     async def stop_session(self, session_key: str) -> None:
@@ -183,9 +199,21 @@ class Gateway:
 
     def _cancel_local(self, session_key: str, reason: str) -> None:
         active = self._active.get(session_key)
-        if active is not None and not active.task.done():
-            active.reason = active.reason or reason
-            log.info("run.cancelling", session_key=session_key, run_id=active.run_id, reason=reason)
+        if active is None or active.task.done() or active.acknowledged:
+            return
+        active.reason = active.reason or reason
+        log.info("run.cancelling", session_key=session_key, run_id=active.run_id, reason=reason)
+        active.task.cancel()
+        if active.nudger is None:
+            active.nudger = asyncio.create_task(self._keep_cancelling(active), name="run-canceller")
+
+    @staticmethod
+    async def _keep_cancelling(active: ActiveRun) -> None:
+        """Repeat the cancellation until the run acknowledges it (see bot.tasks)."""
+        for _ in range(100):
+            await asyncio.sleep(RETRY_S)
+            if active.task.done() or active.acknowledged:
+                return
             active.task.cancel()
 
     # ---- workers -----------------------------------------------------------------------
@@ -235,6 +263,8 @@ class Gateway:
             else:
                 if first:
                     await self._debounce(session_key)
+                    if self._closing:
+                        return  # shutting down: leave the messages waiting for the next replica
                 batch = await self.inbox.take(session_key)
             first = False
             if not batch:
@@ -278,10 +308,11 @@ class Gateway:
         """Called before every LLM call: notice a missed /stop, hand over steered messages."""
         if active.reason is None and await self.cancel.stopped_since(session_key, active.started_at):
             self._cancel_local(session_key, "stopped")
-            await asyncio.sleep(0)
-        if self.cfg.queue.mode != "steer":
-            return []
-        return await self.inbox.take(session_key)
+        taken = await self.inbox.take(session_key) if self.cfg.queue.mode == "steer" else []
+        if active.reason is not None:
+            # A cancellation may have been swallowed by a Redis call above: honour it here.
+            raise asyncio.CancelledError
+        return taken
 
     async def _run(self, session_key: str, batch: list[RunRequest]) -> RunOutcome | None:
         task = asyncio.current_task()
@@ -293,12 +324,14 @@ class Gateway:
         outcome: RunOutcome | None
         try:
             outcome = await self.executor.execute(
-                batch, steer=lambda: self._steer(session_key, active), cancel_reason=lambda: active.reason
+                batch, steer=lambda: self._steer(session_key, active), cancel_reason=active.acknowledge
             )
         except asyncio.CancelledError:
             if active.reason is None:
                 raise  # not ours: the caller is cancelling the worker itself
-            task.uncancel()
+            active.acknowledge()
+            while task.cancelling():
+                task.uncancel()
             outcome = RunOutcome(active.run_id, "cancelled", "none", active.reason)
         except RedisError as exc:
             log.error("run.store_error", session_key=session_key, run_id=active.run_id, error=str(exc))
@@ -306,6 +339,8 @@ class Gateway:
         finally:
             timer.cancel()
             self._active.pop(session_key, None)
+            if active.nudger is not None:
+                active.nudger.cancel()
         if outcome is not None and active.reason in RETRY_REASONS:
             outcome = None
         if outcome is not None:

@@ -44,6 +44,7 @@ SteerFn = Callable[[], Awaitable[list[RunRequest]]]
 # Cancellations after which the batch is run again elsewhere rather than recorded.
 RETRY_REASONS = frozenset({"shutdown", "lock_lost"})
 
+TIMEOUT_TEXT = "Sorry — this took too long and was stopped. Please try again, perhaps with a smaller request."
 LLM_FAILURE_TEXT = "Sorry — I couldn't get an answer from the model ({reason}). Please try again in a moment."
 
 
@@ -210,6 +211,9 @@ class RunExecutor:
                 # Stopped by the user or timed out: what happened so far stays in history.
                 # Otherwise the batch is retried whole, so nothing is recorded now.
                 await asyncio.shield(self._persist(session_key, run_id, user_messages, cancelled.result, model))
+            if reason == "timeout" and kind == "chat":
+                # A /stop is answered by its command; a timeout would otherwise end in silence.
+                await asyncio.shield(notify(channel, target, deps.ledger, run_id, "timeout", TIMEOUT_TEXT))
             status = "timeout" if reason == "timeout" else "cancelled"
             return RunOutcome(run_id, status, "none", reason)
 
@@ -291,5 +295,5 @@ def _tool_span(event: AgentEvent, failed: bool, attrs: dict[str, Any]) -> Any:
 
 def _uncancel() -> None:
     task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    while task is not None and task.cancelling():
         task.uncancel()

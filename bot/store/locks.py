@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from bot.store.errors import LockTimeout
 from bot.store.keys import Keys
 from bot.store.kv import ttl_ms
+from bot.tasks import stop_task
 
 log = structlog.get_logger(__name__)
 
@@ -153,9 +154,7 @@ class Lease:
         call from ``on_lost`` (the watchdog is not awaited then) and more than once.
         """
         watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None and watchdog is not asyncio.current_task():
-            watchdog.cancel()
-            await asyncio.wait([watchdog])
+        await stop_task(watchdog)
         self._held = False
         token, self._token = self._token, None
         if token is None:
