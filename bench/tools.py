@@ -87,6 +87,10 @@ HOSTILE = {
     "whitespace": "echo" + " " * LIMIT,
     "function defs": "f(){ g; };" * (LIMIT // 10),
     "here-docs": "cat <<E\n" * (LIMIT // 8),
+    "brace, commas": "{" + "," * LIMIT,
+    "brackets": "[" * LIMIT,
+    "case patterns": "case x in " + "a|" * (LIMIT // 2) + "esac",
+    "interpreter code": "python3 -c '" + "rm " * (LIMIT // 3 - 10) + "'",
 }
 
 

@@ -169,7 +169,10 @@ class WriteFileTool(Tool):
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         guard = PathGuard.from_settings(ctx.settings)
         path = guard.resolve(args["path"])
-        data = args["content"].encode("utf-8", errors="strict")
+        try:
+            data = args["content"].encode("utf-8")
+        except UnicodeEncodeError:
+            raise ToolError("Error: the content is not valid Unicode text (it holds a lone surrogate).") from None
         written = await asyncio.to_thread(_write_atomically, guard, path, args["path"], data)
         return ToolOutput(f"Wrote {len(data)} bytes to {written}.")
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-_BRACE_EXPANSION = re.compile(r"\{[^{}]*(,|\.\.)[^{}]*\}")
-_BRACKET = re.compile(r"\[[^\]]*\]")
+_BRACE_GROUP = re.compile(r"\{[^{}]*\}")  # linear: each attempt stops at the next brace
 _NAME_START = re.compile(r"[A-Za-z_]")
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_]*")
 _REDIRECTIONS = ("<<<", "<<-", "<<", "<>", "<&", "<", ">>", ">&", ">|", ">", "&>>", "&>")
@@ -115,6 +114,16 @@ def scan_substitutions(text: str) -> list[str]:
     return bodies
 
 
+def _is_pattern(unquoted: str) -> bool:
+    """Whether unquoted text would be expanded as a glob (``*``, ``?``, ``[…]``) or braces (``{a,b}``)."""
+    if "*" in unquoted or "?" in unquoted:
+        return True
+    bracket = unquoted.find("[")
+    if bracket >= 0 and unquoted.find("]", bracket + 1) >= 0:
+        return True
+    return any("," in m.group() or ".." in m.group() for m in _BRACE_GROUP.finditer(unquoted))
+
+
 def _backquote_end(text: str, start: int) -> int:
     i = start
     while i < len(text):
@@ -160,13 +169,7 @@ class _Lexer:
     def _end_word(self, pos: int) -> None:
         if self.start < 0:
             return
-        unquoted = "".join(self.unquoted)
-        if (
-            "*" in unquoted
-            or "?" in unquoted
-            or _BRACKET.search(unquoted)
-            or _BRACE_EXPANSION.search(unquoted)
-        ):
+        if _is_pattern("".join(self.unquoted)):
             self.pattern = True
         word = Word(
             value="".join(self.parts), raw=self.text[self.start : pos], quoted=self.quoted,

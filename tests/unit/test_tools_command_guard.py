@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -237,6 +239,29 @@ def test_lexer_undoes_quoting_and_finds_substitutions() -> None:
 def test_lexer_reports_unbalanced_input(text: str) -> None:
     with pytest.raises(ShellSyntaxError):
         tokenize(text)
+
+
+HOSTILE_SHAPES = {
+    "one word": "a" * 130_000,
+    "separators": "; ls" * 32_000,
+    "pipes": "ls | " * 26_000 + "ls",
+    "parentheses": "(" * 65_000 + ")" * 65_000,
+    "substitutions": "$(" * 32_000 + ")" * 32_000,
+    "brace commas": "{" + "," * 130_000,
+    "brackets": "[" * 130_000,
+    "whitespace after while": "while" + " " * 130_000 + "x",
+    "function definitions": "f(){ g; };" * 13_000,
+    "interpreter code": "python3 -c '" + "rm  " * 32_000 + "'",
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE_SHAPES)
+def test_hostile_long_lines_are_checked_in_linear_time(name: str) -> None:
+    """128 KiB lines shaped to make a parser or a regex go quadratic (which would take minutes)."""
+    started = time.monotonic()
+    with contextlib.suppress(BlockedCommandError):
+        check_command(HOSTILE_SHAPES[name])
+    assert time.monotonic() - started < 20
 
 
 SHELL_PIECES = st.sampled_from(

@@ -187,6 +187,8 @@ async def test_write_errors_are_clear(ctx: ToolContext, workspace: Path) -> None
     under_file = await call(ctx, "write_file", '{"path": "notes/todo.txt/child", "content": "x"}')
     assert under_file.is_error and "not a directory" in under_file.content
     assert (workspace / "notes" / "todo.txt").read_text() == "one\ntwo\nthree\n"
+    surrogate = await call(ctx, "write_file", '{"path": "a.txt", "content": "\\ud800"}')
+    assert surrogate.is_error and "not valid Unicode" in surrogate.content
     bad_args = await call(ctx, "write_file", '{"path": "a.txt"}')
     assert bad_args.is_error and "content" in bad_args.content
 
