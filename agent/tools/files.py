@@ -172,7 +172,9 @@ class WriteFileTool(Tool):
         try:
             data = args["content"].encode("utf-8")
         except UnicodeEncodeError:
-            raise ToolError("Error: the content is not valid Unicode text (it holds a lone surrogate).") from None
+            raise ToolError(
+                "Error: the content is not valid Unicode text (it holds a lone surrogate)."
+            ) from None
         written = await asyncio.to_thread(_write_atomically, guard, path, args["path"], data)
         return ToolOutput(f"Wrote {len(data)} bytes to {written}.")
 
