@@ -14,6 +14,7 @@ from pathlib import Path
 from agent.llm import LLMClient
 from agent.llm_types import ChatModel
 from agent.tools.builtin import load_tools
+from agent.tools.cli_tools import ToolConfigError
 from agent.tools.registry import ToolRegistry, ToolSettings
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
@@ -120,10 +121,11 @@ class App:
         self.sessions = SessionStore(client, keys)
         self.jobs = JobStore(client, prefix)
         self.tool_settings = tool_settings(cfg)
-        self.tools = ToolRegistry(
-            [*load_tools(self.tool_settings, cfg.security.cli_tools_file),
-             CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)]
-        )
+        try:
+            declared = load_tools(self.tool_settings, cfg.security.cli_tools_file)
+        except ToolConfigError as exc:
+            raise ConfigError(f"config error: security.cli_tools_file: {exc}") from None
+        self.tools = ToolRegistry([*declared, CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)])
         self.broadcast = Broadcast(client)
         self.ledger = DeliveryLedger(client, prefix)
         self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s)

@@ -36,3 +36,23 @@ def test_missing_api_key_without_base_url_is_a_config_error(monkeypatch: pytest.
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
     with pytest.raises(ConfigError, match="llm.api_key"):
         build_model(BotdConfig())
+
+
+async def test_bad_cli_tools_file_is_a_config_error(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
+    from bot.app import App
+    from bot.store.connection import open_redis
+
+    tools = tmp_path / "tools.yaml"
+    tools.write_text("tools:\n  - name: x\n    description: d\n    args: ['{{nope}}']\n")
+    cfg = BotdConfig(
+        agent={"workspace": str(tmp_path / "ws")},
+        redis={"url": redis_url, "prefix": redis_prefix},
+        security={"cli_tools_file": str(tools)},
+        llm={"api_key": "test"},
+    )
+    handle = await open_redis(cfg.redis, cfg.workspace)
+    try:
+        with pytest.raises(ConfigError, match="security.cli_tools_file"):
+            App(cfg, handle, build_model(cfg), {})
+    finally:
+        await handle.close()
