@@ -145,3 +145,60 @@ async def test_stop_from_another_replica(tmp_path: Path, redis_url: str, redis_p
         assert a.channel.sent == [] and b.channel.texts("part") == []
         assert len(fake.requests) == 1
         assert roles(await a.history()) == ["user"]
+
+
+async def test_new_during_a_run_starts_from_an_empty_session(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        fake.script(Reply.text(LONG_ANSWER, chunk_chars=5, chunk_delay_s=0.05))
+        await bot.send("the old conversation")
+        await bot.channel.wait_for(lambda ch: ch.previews)
+        await bot.send("/new")
+        assert bot.channel.texts("notice") == ["Started a fresh session."]
+        await bot.wait_idle()
+        # The stopped run recorded its partial answer before the reset, not into the new session.
+        assert await bot.history() == []
+        assert bot.channel.texts("part") == []
+
+
+async def test_new_from_another_replica_during_a_run(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, workspace="ws-a") as a,
+        running_daemon(
+            tmp_path, fake, redis_url, redis_prefix, workspace="ws-b", channel=RecordingChannel()
+        ) as b,
+    ):
+        fake.script(Reply.text(LONG_ANSWER, chunk_chars=5, chunk_delay_s=0.05))
+        await a.send("the old conversation")
+        await a.channel.wait_for(lambda ch: ch.previews)
+        await b.send("/new")
+        assert b.channel.texts("notice") == ["Started a fresh session."]
+        await a.wait_idle()
+        assert await a.history() == []
+        fake.script(Reply.text("hello again"))
+        await b.send("a new topic")
+        await b.channel.wait_for(lambda ch: ch.texts("part"))
+        assert request_texts(fake.requests[-1]) == ["a new topic"]
+
+
+async def test_run_timeout_cancels_and_tells_the_user(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    gate = Gate()
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, gateway={"run_timeout_s": 0.5}) as bot,
+    ):
+        await bot.send("something that takes forever")
+        await gate.wait_hung_up(1)
+        await bot.channel.wait_for(lambda ch: ch.texts("notice"))
+        await bot.wait_idle()
+        [notice] = bot.channel.texts("notice")
+        assert notice.startswith("Sorry — this took too long")
+        assert bot.channel.texts("part") == []
+        assert len(fake.requests) == 1
+        assert roles(await bot.history()) == ["user"]
