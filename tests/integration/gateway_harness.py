@@ -210,7 +210,7 @@ class Gate:
 
     ``fake.responder = gate`` (with an empty script): each request waits for one
     :meth:`release`, then answers with the next of ``replies`` (or echoes the last user
-    message when they run out). ``waiting`` counts requests held right now; ``hung_up``
+    message when they run out). ``waiting`` counts requests held right now (``peak``: the most at once); ``hung_up``
     counts held requests whose client went away (the fake's own ``disconnects`` only
     counts clients that leave while a reply is being written).
     """
@@ -218,11 +218,13 @@ class Gate:
     def __init__(self, *replies: Reply) -> None:
         self.replies: deque[Reply] = deque(replies)
         self.waiting = 0
+        self.peak = 0  # the most requests held at once
         self.hung_up = 0
         self._permits = asyncio.Semaphore(0)
 
     async def __call__(self, body: dict[str, Any]) -> Reply:
         self.waiting += 1
+        self.peak = max(self.peak, self.waiting)
         try:
             await self._permits.acquire()
         except asyncio.CancelledError:
