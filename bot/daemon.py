@@ -44,6 +44,15 @@ class Daemon:
         self._started_channels: list[ChannelAdapter] = []
 
     async def start(self) -> None:
+        """Start every part in order; if one fails, stop what already started and re-raise."""
+        try:
+            await self._start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.stop()
+            raise
+
+    async def _start(self) -> None:
         cfg = self.cfg
         cfg.workspace.mkdir(parents=True, exist_ok=True)
         self.store = await open_redis(cfg.redis, cfg.workspace)
