@@ -168,3 +168,23 @@ async def test_debounce_gathers_a_burst_into_one_run(
         assert len(fake.requests) == 1
         assert request_texts(fake.requests[0]) == ["part one", "part two", "part three"]
         assert bot.channel.texts("part") == ["all three read"]
+
+
+async def test_steer_mode_runs_a_message_that_missed_the_last_llm_call(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    gate = Gate(Reply.text("answer one"), Reply.text("answer two"))
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"mode": "steer"}) as bot,
+    ):
+        await bot.send("question one")
+        await gate.wait_waiting(1)  # the last LLM call of this run: nothing can be steered into it
+        await bot.send("question two")
+        gate.release(2)
+        await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2)
+        await bot.wait_idle()
+        assert bot.channel.texts("part") == ["answer one", "answer two"]
+        assert request_texts(fake.requests[0]) == ["question one"]
+        assert request_texts(fake.requests[1]) == ["question one", "question two"]
+        assert roles(await bot.history()) == ["user", "assistant", "user", "assistant"]
