@@ -21,7 +21,6 @@ The heartbeat counts missed fires only once a fire has been recorded.
 from __future__ import annotations
 
 import asyncio
-import json
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, datetime, timedelta
@@ -32,7 +31,8 @@ import structlog
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from scheduler.claims import FireClaims, text
+from scheduler.change_feed import ChangeFeed
+from scheduler.claims import FireClaims
 from scheduler.clock import Clock, iso_utc, utc_now
 from scheduler.cron_fire import CronFires
 from scheduler.durations import format_duration
@@ -45,6 +45,7 @@ from scheduler.ledger import FireTrigger, RunLedger, RunRecord
 from scheduler.ports import ScheduledRunner
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import JobStore
+from scheduler.tasks import TaskSet, cancel_all, drain
 
 log = structlog.get_logger(__name__)
 
@@ -100,11 +101,12 @@ class SchedulerService:
         )
         self._scheduler: AsyncIOScheduler | None = None
         self._executor: FireTimeExecutor | None = None
-        self._pubsub: Any = None
+        self._feed = ChangeFeed(redis, self.store.changes_channel, self._on_change, self.resync)
         self._known: dict[str, str] = {}
         self._sync_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._background: list[asyncio.Task[None]] = []
+        self._tasks = TaskSet()
+        self._background: list[asyncio.Task[Any]] = []
+        self._stopping = False
 
     @property
     def ledger(self) -> RunLedger:
@@ -119,19 +121,20 @@ class SchedulerService:
         if self._scheduler is not None:
             raise RuntimeError("scheduler already started")
         self._executor = FireTimeExecutor()
+        self._stopping = False
         self._scheduler = AsyncIOScheduler(
             timezone=UTC,
             executors={"default": self._executor},
             job_defaults={"coalesce": True, "max_instances": 8, "misfire_grace_time": None},
         )
         self._scheduler.start()
-        await self._subscribe()  # before loading, so no change can slip between the two
+        await self._feed.subscribe()  # before loading, so no change can slip between the two
         if self._heartbeat.settings.enabled:
             await self._schedule_heartbeat()
         await self.resync()
         await self.drain_run_now()
         self._background = [
-            asyncio.create_task(self._listen(), name="scheduler-changes"),
+            asyncio.create_task(self._feed.run(), name="scheduler-changes"),
             asyncio.create_task(self._resync_loop(), name="scheduler-resync"),
         ]
         log.info("scheduler.started", instance=self.instance_id, jobs=len(self._known))
@@ -141,19 +144,13 @@ class SchedulerService:
         scheduler, self._scheduler = self._scheduler, None
         if scheduler is None:
             return
-        for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        self._stopping = True
+        self._feed.stop_soon()
+        await cancel_all(self._background)
         self._background = []
         scheduler.shutdown(wait=False)
-        pending = set(self._tasks) | (set(self._executor.tasks) if self._executor else set())
-        if pending:
-            _, late = await asyncio.wait(pending, timeout=max(grace_s, 0.0))
-            for task in late:
-                task.cancel()
-            await asyncio.gather(*late, return_exceptions=True)
-        if self._pubsub is not None:
-            await self._close_pubsub()
+        await drain(self._tasks.tasks | (self._executor.tasks if self._executor else set()), grace_s)
+        await self._feed.close()
         self._known.clear()
         log.info("scheduler.stopped", instance=self.instance_id)
 
@@ -212,7 +209,7 @@ class SchedulerService:
                 )
                 continue
             log.info("scheduler.run_now", job_id=request.job_id, request_id=request.request_id)
-            self._spawn(self._run_requested(request.job_id, request.request_id))
+            self._tasks.spawn(self._run_requested(request.job_id, request.request_id))
 
     async def _run_requested(self, job_id: str, request_id: str) -> None:
         try:
@@ -286,9 +283,9 @@ class SchedulerService:
         late_s = (now - fire_time).total_seconds()
         if late_s <= self.settings.misfire_grace_s or self.settings.catch_up == "once":
             log.info("scheduler.catch_up", job_id=job_id, fire_time=iso_utc(fire_time))
-            self._spawn(self._fire(job_id, fire_time, catch_up=True))
+            self._tasks.spawn(self._fire(job_id, fire_time, catch_up=True))
         else:
-            self._spawn(self._skip(job_id, fire_time, late_s))
+            self._tasks.spawn(self._skip(job_id, fire_time, late_s))
 
     # -- fires ------------------------------------------------------------------------------
 
@@ -328,55 +325,9 @@ class SchedulerService:
         except Exception:
             log.exception("scheduler.fire_failed", job_id=job_id, fire_time=iso_utc(fire_time))
 
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-
-        def done(finished: asyncio.Task[Any]) -> None:
-            self._tasks.discard(finished)
-            if not finished.cancelled() and finished.exception() is not None:
-                log.error("scheduler.task_failed", error=repr(finished.exception()))
-
-        task.add_done_callback(done)
-
     # -- keeping in step ---------------------------------------------------------------------
 
-    async def _subscribe(self) -> None:
-        self._pubsub = self._redis.pubsub()
-        await self._pubsub.subscribe(self.store.changes_channel)
-
-    async def _close_pubsub(self) -> None:
-        pubsub, self._pubsub = self._pubsub, None
-        try:
-            await pubsub.aclose()
-        except Exception:
-            log.debug("scheduler.pubsub_close_failed", exc_info=True)
-
-    async def _listen(self) -> None:
-        while True:
-            try:
-                if self._pubsub is None:
-                    await self._subscribe()
-                    await self.resync()  # messages may have been lost while disconnected
-                message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-                if message is not None:
-                    await self._on_change(message.get("data"))
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("scheduler.changes_listener_failed")
-                if self._pubsub is not None:
-                    await self._close_pubsub()
-                await asyncio.sleep(1.0)
-
-    async def _on_change(self, data: Any) -> None:
-        try:
-            message = json.loads(text(data)) if isinstance(data, str | bytes) else None
-        except ValueError:
-            message = None
-        if not isinstance(message, dict):
-            log.warning("scheduler.bad_change_message")
-            return
+    async def _on_change(self, message: dict[str, Any]) -> None:
         op, job_id = message.get("op"), message.get("id")
         if op in ("upsert", "remove") and isinstance(job_id, str):
             await self.sync_job(job_id)
@@ -384,7 +335,7 @@ class SchedulerService:
             await self.drain_run_now()
 
     async def _resync_loop(self) -> None:
-        while True:
+        while not self._stopping:
             await asyncio.sleep(self.settings.resync_interval_s)
             try:
                 await self.resync()
@@ -393,3 +344,4 @@ class SchedulerService:
                 raise
             except Exception:
                 log.exception("scheduler.resync_failed")
+
