@@ -105,7 +105,9 @@ def format_job_table(rows: Sequence[dict[str, Any]]) -> str:
     lines = [header]
     for row in rows:
         target = row["target"]
-        where = f"{target['channel']}:{target['chat_id']}" + (f"/{target['thread_id']}" if target["thread_id"] else "")
+        where = f"{target['channel']}:{target['chat_id']}" + (
+            f"/{target['thread_id']}" if target["thread_id"] else ""
+        )
         last = row["last_run"]["run_status"] if row["last_run"] else "-"
         if row["failure_streak"]:
             last += f" ({row['failure_streak']} failed)"
@@ -122,7 +124,9 @@ def format_job_table(rows: Sequence[dict[str, Any]]) -> str:
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines)
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip() for line in lines
+    )
 
 
 async def cron_remove(store: JobStore, job_id: str) -> None:

@@ -48,7 +48,9 @@ class CronFires:
         self._clock = clock
         self._owner = owner
 
-    async def fire(self, job_id: str, fire_time: datetime, *, trigger: FireTrigger = "schedule") -> RunRecord | None:
+    async def fire(
+        self, job_id: str, fire_time: datetime, *, trigger: FireTrigger = "schedule"
+    ) -> RunRecord | None:
         """A scheduled (or caught-up) fire; None when another replica has it or it does not apply."""
         if not await self._claims.claim(job_id, fire_time, self._owner):
             return None
@@ -57,7 +59,9 @@ class CronFires:
         if job is None or not job.enabled:
             return None
         if job.not_before is not None and fire_time < job.not_before - _FLOOR_TOLERANCE:
-            log.info("cron.backing_off", job_id=job_id, fire_time=iso_utc(fire_time), until=iso_utc(job.not_before))
+            log.info(
+                "cron.backing_off", job_id=job_id, fire_time=iso_utc(fire_time), until=iso_utc(job.not_before)
+            )
             return None
         return await self._run(job, fire_time, trigger, None)
 

@@ -41,18 +41,40 @@ class CronTool(Tool):
         "type": "object",
         "properties": {
             "action": {"type": "string", "enum": ["add", "list", "remove"]},
-            "prompt": {"type": "string", "minLength": 1, "maxLength": 8000,
-                       "description": "What the job should do when it runs (add)."},
-            "in": {"type": "string", "maxLength": 32, "description": "Run once after this delay, e.g. 20m, 2h."},
-            "at": {"type": "string", "maxLength": 64,
-                   "description": "Run once at this ISO-8601 time; without an offset it is read in tz."},
-            "every": {"type": "string", "maxLength": 32, "description": "Repeat at this interval, e.g. 30m, 1d."},
+            "prompt": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 8000,
+                "description": "What the job should do when it runs (add).",
+            },
+            "in": {
+                "type": "string",
+                "maxLength": 32,
+                "description": "Run once after this delay, e.g. 20m, 2h.",
+            },
+            "at": {
+                "type": "string",
+                "maxLength": 64,
+                "description": "Run once at this ISO-8601 time; without an offset it is read in tz.",
+            },
+            "every": {
+                "type": "string",
+                "maxLength": 32,
+                "description": "Repeat at this interval, e.g. 30m, 1d.",
+            },
             "cron": {"type": "string", "maxLength": 128, "description": "5-field crontab expression."},
             "tz": {"type": "string", "maxLength": 64, "description": "IANA timezone for 'at' and 'cron'."},
-            "allow": {"type": "array", "items": {"type": "string", "enum": ["write"]}, "uniqueItems": True,
-                      "description": "Extra tool categories the job may use; only 'write' can be granted here."},
-            "id": {"type": "string", "pattern": _ID_PATTERN,
-                   "description": "Job id: optional name for add, required for remove."},
+            "allow": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["write"]},
+                "uniqueItems": True,
+                "description": "Extra tool categories the job may use; only 'write' can be granted here.",
+            },
+            "id": {
+                "type": "string",
+                "pattern": _ID_PATTERN,
+                "description": "Job id: optional name for add, required for remove.",
+            },
         },
         "required": ["action"],
         "additionalProperties": False,
@@ -87,10 +109,14 @@ class CronTool(Tool):
 
     async def _add(self, args: dict[str, Any], ctx: ToolContext, chat: JobTarget) -> ToolOutput:
         if "admin" in (args.get("allow") or ()):
-            raise ToolError("Error: 'admin' can only be granted from the command line (botd cron add --allow admin).")
+            raise ToolError(
+                "Error: 'admin' can only be granted from the command line (botd cron add --allow admin)."
+            )
         mine = [job for job in await self._store.list() if job.created_in and job.created_in.same_chat(chat)]
         if len(mine) >= self._max_jobs:
-            raise ToolError(f"Error: this chat already has {len(mine)} cron jobs (limit {self._max_jobs}); remove some first.")
+            raise ToolError(
+                f"Error: this chat already has {len(mine)} cron jobs (limit {self._max_jobs}); remove some first."
+            )
         creator = str(ctx.extra.get("user_id") or ctx.extra.get("user_name") or "")
         now = self._clock()
         job = build_job(
@@ -130,7 +156,11 @@ class CronTool(Tool):
             upcoming = job.next_run_at(now)
             state = "enabled" if job.enabled else f"disabled ({job.disabled_reason or 'no reason recorded'})"
             last = f"last run {job.last_run.run_status}" if job.last_run else "never run"
-            owner = "" if job.created_in and job.created_in.same_chat(chat) else "; made elsewhere, cannot be removed here"
+            owner = (
+                ""
+                if job.created_in and job.created_in.same_chat(chat)
+                else "; made elsewhere, cannot be removed here"
+            )
             prompt = " ".join(job.prompt.split())
             lines.append(
                 f"- {job.id}: {job.schedule.describe()}; next {_local(upcoming, job) if upcoming else '-'}; "

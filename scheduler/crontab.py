@@ -127,7 +127,9 @@ def parse_crontab(expression: str) -> Crontab:
     """Parse a 5-field expression or macro; ValueError names the field and the problem."""
     text = " ".join(str(expression).split())
     if not text:
-        raise ValueError("cron: empty expression (expected 5 fields: minute hour day-of-month month day-of-week)")
+        raise ValueError(
+            "cron: empty expression (expected 5 fields: minute hour day-of-month month day-of-week)"
+        )
     if text.startswith("@"):
         if text.lower() not in MACROS:
             known = ", ".join(MACROS)
@@ -200,7 +202,9 @@ def _value(text: str, spec: _Field, element: str) -> int:
         raise ValueError(f"cron: {spec.label} value {text!r} in {element!r} is not a number{hint}")
     number = int(text)
     if not spec.low <= number <= spec.high:
-        raise ValueError(f"cron: {spec.label} value {number} in {element!r} is out of range {spec.low}-{spec.high}")
+        raise ValueError(
+            f"cron: {spec.label} value {number} in {element!r} is out of range {spec.low}-{spec.high}"
+        )
     return number
 
 

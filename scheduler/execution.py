@@ -45,7 +45,9 @@ async def run_and_record(
         )
     except Exception as exc:
         log.exception("scheduler.runner_failed", job_id=job_id, run_id=request.run_id)
-        outcome = ScheduledOutcome(run_id=request.run_id, run_status="error", error=f"{type(exc).__name__}: {exc}")
+        outcome = ScheduledOutcome(
+            run_id=request.run_id, run_status="error", error=f"{type(exc).__name__}: {exc}"
+        )
     run_status, delivery, error = outcome.run_status, outcome.delivery_status, outcome.error
     if run_status not in RUN_STATUSES:
         run_status, error = "error", f"runner reported an unknown run status {run_status!r}"

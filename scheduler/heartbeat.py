@@ -99,7 +99,9 @@ class HeartbeatFires:
         """Run immediately (active hours ignored)."""
         now = self._clock()
         if not self.settings.enabled or self.settings.target is None:
-            return await self._skip("the heartbeat is disabled (heartbeat.enabled)", now, "run_now", request_id)
+            return await self._skip(
+                "the heartbeat is disabled (heartbeat.enabled)", now, "run_now", request_id
+            )
         return await self._attempt(now, "run_now", request_id)
 
     async def _attempt(self, fire_time: datetime, trigger: FireTrigger, request_id: str | None) -> RunRecord:
@@ -141,7 +143,10 @@ class HeartbeatFires:
         for attempt in range(self.settings.busy_max_retries + 1):
             if not await self._busy():
                 return True
-            if attempt == self.settings.busy_max_retries or self._clock() + timedelta(seconds=retry) >= deadline:
+            if (
+                attempt == self.settings.busy_max_retries
+                or self._clock() + timedelta(seconds=retry) >= deadline
+            ):
                 return False
             log.info("heartbeat.deferred", attempt=attempt + 1, retry_s=retry)
             await self._sleep(retry)

@@ -99,7 +99,9 @@ class CronJob(BaseModel):
 
     def trigger(self) -> BaseTrigger:
         """The trigger to schedule now, back-off included."""
-        return effective_trigger(self.schedule.trigger(), one_shot=self.schedule.one_shot, not_before=self.not_before)
+        return effective_trigger(
+            self.schedule.trigger(), one_shot=self.schedule.one_shot, not_before=self.not_before
+        )
 
     def next_run_at(self, now: datetime) -> datetime | None:
         """When it fires next (None when disabled or nothing is left to run)."""

@@ -4,8 +4,9 @@ Scheduled runs use the minimal prompt. The request's ``channel``/``chat_id``/
 ``thread_id`` are the *delivery target* (not "cron"/"heartbeat"), so the gateway
 delivers there; ``kind`` tells it which silent-reply rule applies (NO_REPLY for
 cron, HEARTBEAT_OK for heartbeats). ``meta`` carries ``job_id``, ``fire_time``
-(ISO UTC), ``trigger`` and, for cron, ``fresh_session="1"``: every cron run starts
-with an empty ``agent:<id>:cron:<job_id>`` session.
+(ISO UTC), ``trigger`` and, for cron, ``fresh_session="1"`` (every cron run starts
+with an empty ``agent:<id>:cron:<job_id>`` session), ``created_by`` and, for a
+run-now, ``request_id``. No person is behind a scheduled run, so ``user_id`` is empty.
 """
 
 from __future__ import annotations
@@ -39,7 +40,11 @@ def cron_run_request(
     """The request for one run of ``job``."""
     zone = ZoneInfo(getattr(job.schedule, "tz", "UTC"))
     local = fire_time.astimezone(zone).strftime("%Y-%m-%d %H:%M %Z")
-    why = {"schedule": "scheduled for", "catch_up": "catching up a run missed at", "run_now": "run on request at"}
+    why = {
+        "schedule": "scheduled for",
+        "catch_up": "catching up a run missed at",
+        "run_now": "run on request at",
+    }
     header = (
         f'[Scheduled task] Cron job "{job.id}" ({job.schedule.describe()}), {why[trigger]} {local}. '
         f"Your final reply is delivered to {job.target.describe()}. Do the task below. "
@@ -47,16 +52,21 @@ def cron_run_request(
     )
     fire = iso_utc(fire_time)
     meta = {"fresh_session": "1", "job_id": job.id, "fire_time": fire, "trigger": trigger}
+    if job.created_by:
+        meta["created_by"] = job.created_by
     if request_id:
         meta["request_id"] = request_id
-    dedupe = f"cron:{job.id}:run_now:{request_id}" if trigger == "run_now" and request_id else f"cron:{job.id}:{fire}"
+    dedupe = (
+        f"cron:{job.id}:run_now:{request_id}"
+        if trigger == "run_now" and request_id
+        else f"cron:{job.id}:{fire}"
+    )
     return RunRequest(
         session_key=session_key,
         agent_id=agent_id,
         channel=job.target.channel,
         chat_id=job.target.chat_id,
         thread_id=job.target.thread_id,
-        user_id=job.created_by,
         user_name=f"cron job {job.id}",
         text=f"{header}\n\n{job.prompt}",
         kind="cron",

@@ -192,7 +192,9 @@ def build_schedule(
     now: datetime,
 ) -> AtSchedule | EverySchedule | CronSchedule:
     """Exactly one of ``at``/``in_``/``every``/``cron`` (as given on the CLI or to the tool)."""
-    given = {name: value for name, value in (("at", at), ("in", in_), ("every", every), ("cron", cron)) if value}
+    given = {
+        name: value for name, value in (("at", at), ("in", in_), ("every", every), ("cron", cron)) if value
+    }
     if len(given) != 1:
         named = ", ".join(given) if given else "none"
         raise ScheduleError(f"give exactly one schedule: at, in, every or cron (got {named})")
@@ -209,9 +211,9 @@ def build_schedule(
     return parse_cron(cron, tz=zone_name)
 
 
-def parse_schedule(text: str, *, default_tz: str = "UTC", tz: str | None = None, now: datetime) -> (
-    AtSchedule | EverySchedule | CronSchedule
-):
+def parse_schedule(
+    text: str, *, default_tz: str = "UTC", tz: str | None = None, now: datetime
+) -> AtSchedule | EverySchedule | CronSchedule:
     """One string: ``in 20m``, ``every 1h``, ``at 2027-03-28T09:00``, ``cron 0 9 * * 1-5``,
     or a bare crontab expression / macro."""
     raw = " ".join(str(text).split())

@@ -268,7 +268,13 @@ class SchedulerService:
             self._remove_local(job_id)
             return
         self._scheduler.add_job(
-            func, trigger=trigger, args=[job_id], id=job_id, name=job_id, next_run_time=upcoming, replace_existing=True
+            func,
+            trigger=trigger,
+            args=[job_id],
+            id=job_id,
+            name=job_id,
+            next_run_time=upcoming,
+            replace_existing=True,
         )
 
     def _unschedule(self, job_id: str) -> None:
@@ -344,4 +350,3 @@ class SchedulerService:
                 raise
             except Exception:
                 log.exception("scheduler.resync_failed")
-

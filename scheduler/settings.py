@@ -72,9 +72,15 @@ class HeartbeatSettings:
         """From an object shaped like ``bot.config.HeartbeatConfig`` (duck-typed)."""
         raw_target = getattr(config, "target", None)
         target = None
-        if raw_target is not None and getattr(raw_target, "channel", None) and getattr(raw_target, "chat_id", None):
+        if (
+            raw_target is not None
+            and getattr(raw_target, "channel", None)
+            and getattr(raw_target, "chat_id", None)
+        ):
             target = JobTarget(
-                channel=raw_target.channel, chat_id=raw_target.chat_id, thread_id=getattr(raw_target, "thread_id", None)
+                channel=raw_target.channel,
+                chat_id=raw_target.chat_id,
+                thread_id=getattr(raw_target, "thread_id", None),
             )
         values: dict[str, Any] = {
             "enabled": bool(config.enabled),

@@ -66,7 +66,9 @@ def write_checklist(workspace: Path, text: str = "# Tasks\n- check the build sta
     (workspace / "HEARTBEAT.md").write_text(text, encoding="utf-8")
 
 
-async def test_empty_checklist_skips_without_a_run(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path) -> None:
+async def test_empty_checklist_skips_without_a_run(
+    redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path
+) -> None:
     runner = RecordingRunner()
     hb = make(redis_client, redis_prefix, tmp_path, runner, ManualClock(NOON))
     record = await hb.fire(NOON)
@@ -91,7 +93,11 @@ async def test_run_request_goes_to_the_target_with_the_checklist(
     assert (record.run_status, record.delivery_status, record.trigger) == ("ok", "silent", "schedule")
     [request] = runner.requests
     assert (request.channel, request.chat_id, request.thread_id) == ("telegram", "-1001", "7")
-    assert (request.kind, request.prompt_mode, request.session_key) == ("heartbeat", "minimal", "agent:main:heartbeat")
+    assert (request.kind, request.prompt_mode, request.session_key) == (
+        "heartbeat",
+        "minimal",
+        "agent:main:heartbeat",
+    )
     assert request.tool_policy.context == "scheduled" and request.tool_policy.allow == ()
     assert request.text.startswith(DEFAULT_HEARTBEAT_PROMPT)
     assert "- check the build status" in request.text
@@ -104,12 +110,21 @@ async def test_run_request_goes_to_the_target_with_the_checklist(
 async def test_custom_prompt_is_used(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path) -> None:
     write_checklist(tmp_path)
     runner = RecordingRunner()
-    hb = make(redis_client, redis_prefix, tmp_path, runner, ManualClock(NOON), prompt="Look around. Say HEARTBEAT_OK if calm.")
+    hb = make(
+        redis_client,
+        redis_prefix,
+        tmp_path,
+        runner,
+        ManualClock(NOON),
+        prompt="Look around. Say HEARTBEAT_OK if calm.",
+    )
     await hb.fire(NOON)
     assert runner.requests[0].text.startswith("Look around. Say HEARTBEAT_OK if calm.\n\nHEARTBEAT.md:\n")
 
 
-async def test_outside_active_hours_does_nothing(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path) -> None:
+async def test_outside_active_hours_does_nothing(
+    redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path
+) -> None:
     write_checklist(tmp_path)
     runner = RecordingRunner()
     hb = make(redis_client, redis_prefix, tmp_path, runner, ManualClock(NOON), active_hours="22:00-06:00")
@@ -132,7 +147,9 @@ async def test_catch_up_also_needs_the_present_inside_active_hours(
     assert len(runner.requests) == 1
 
 
-async def test_busy_session_defers_then_runs(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path) -> None:
+async def test_busy_session_defers_then_runs(
+    redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path
+) -> None:
     write_checklist(tmp_path)
     answers = iter([True, True])
     runner = RecordingRunner(busy=lambda key: key.endswith("topic:7") and next(answers, False))
@@ -164,7 +181,16 @@ async def test_busy_deferral_never_passes_the_next_fire(
     write_checklist(tmp_path)
     runner = RecordingRunner(busy=lambda key: True)
     sleeps: list[float] = []
-    hb = make(redis_client, redis_prefix, tmp_path, runner, ManualClock(NOON), sleeps, every="5m", busy_retry_s=120.0)
+    hb = make(
+        redis_client,
+        redis_prefix,
+        tmp_path,
+        runner,
+        ManualClock(NOON),
+        sleeps,
+        every="5m",
+        busy_retry_s=120.0,
+    )
     record = await hb.fire(NOON)
     assert record is not None and record.run_status == "skipped"
     assert sleeps == [120.0, 120.0]  # a third wait would end at 12:06, past the next fire (12:05)
@@ -184,7 +210,9 @@ async def test_a_broken_busy_check_does_not_silence_the_heartbeat(
     assert record is not None and record.run_status == "ok"
 
 
-async def test_each_fire_is_claimed_once(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path) -> None:
+async def test_each_fire_is_claimed_once(
+    redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path
+) -> None:
     write_checklist(tmp_path)
     first, second = RecordingRunner(), RecordingRunner()
     a = make(redis_client, redis_prefix, tmp_path, first, ManualClock(NOON))

@@ -125,8 +125,9 @@ def test_clip_long_checklists() -> None:
 
 def test_heartbeat_settings_validation() -> None:
     target = JobTarget(channel="telegram", chat_id="1")
-    settings = HeartbeatSettings(enabled=True, every="30m", active_hours="22:00-06:00", timezone="Asia/Tokyo",
-                                 target=target)
+    settings = HeartbeatSettings(
+        enabled=True, every="30m", active_hours="22:00-06:00", timezone="Asia/Tokyo", target=target
+    )
     assert settings.every_s == 1800
     assert settings.window is not None and settings.window.timezone.key == "Asia/Tokyo"
     with pytest.raises(ValueError, match="heartbeat.every: must be at least 5m"):
@@ -143,8 +144,12 @@ def test_heartbeat_settings_validation() -> None:
 
 def test_settings_from_the_daemon_config_models() -> None:
     config = HeartbeatConfig(
-        enabled=True, every="1h", active_hours="09:00-22:00", timezone="Europe/Berlin",
-        target={"channel": "slack", "chat_id": "C1", "thread_id": "171.2"}, prompt="Check things.",
+        enabled=True,
+        every="1h",
+        active_hours="09:00-22:00",
+        timezone="Europe/Berlin",
+        target={"channel": "slack", "chat_id": "C1", "thread_id": "171.2"},
+        prompt="Check things.",
     )
     settings = HeartbeatSettings.from_config(config, busy_retry_s=5)
     assert settings.target == JobTarget(channel="slack", chat_id="C1", thread_id="171.2")

@@ -38,8 +38,14 @@ def one_shot(**fields: object) -> CronJob:
 
 def record(status: ScheduledRunStatus, *, at: datetime = NOW, trigger: FireTrigger = "schedule") -> RunRecord:
     return RunRecord(
-        job_id="x", run_id="r", fire_time=at, trigger=trigger, started_at=at, finished_at=at,
-        run_status=status, delivery_status="failed" if status == "ok" else "unknown",
+        job_id="x",
+        run_id="r",
+        fire_time=at,
+        trigger=trigger,
+        started_at=at,
+        finished_at=at,
+        run_status=status,
+        delivery_status="failed" if status == "ok" else "unknown",
         error=None if status == "ok" else "boom",
     )
 
@@ -117,9 +123,14 @@ async def test_ten_failures_in_a_row_notify_the_chat_exactly_once(
     clock_now = [NOW]
     runner = RecordingRunner(status="error", error="the model is unreachable")
     fires = CronFires(
-        store, FireClaims(redis_client, redis_prefix), runner, agent_id="main",
-        session_key_for_job=lambda job_id: f"agent:main:cron:{job_id}", run_timeout_s=600,
-        clock=lambda: clock_now[0], owner="t",
+        store,
+        FireClaims(redis_client, redis_prefix),
+        runner,
+        agent_id="main",
+        session_key_for_job=lambda job_id: f"agent:main:cron:{job_id}",
+        run_timeout_s=600,
+        clock=lambda: clock_now[0],
+        owner="t",
     )
     await store.add(recurring())
     for attempt in range(12):
@@ -147,12 +158,20 @@ async def test_ten_failures_in_a_row_notify_the_chat_exactly_once(
     assert len(runner.notices) == 1
 
 
-async def test_fire_before_the_back_off_floor_is_not_run(redis_client: aioredis.Redis, redis_prefix: str) -> None:
+async def test_fire_before_the_back_off_floor_is_not_run(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
     store = JobStore(redis_client, redis_prefix)
     runner = RecordingRunner()
     fires = CronFires(
-        store, FireClaims(redis_client, redis_prefix), runner, agent_id="main",
-        session_key_for_job=lambda job_id: job_id, run_timeout_s=600, clock=lambda: NOW, owner="t",
+        store,
+        FireClaims(redis_client, redis_prefix),
+        runner,
+        agent_id="main",
+        session_key_for_job=lambda job_id: job_id,
+        run_timeout_s=600,
+        clock=lambda: NOW,
+        owner="t",
     )
     await store.add(recurring(failure_streak=3, not_before=NOW + timedelta(minutes=5)))
     assert await fires.fire("report", NOW + timedelta(minutes=1)) is None
@@ -165,14 +184,24 @@ async def test_overlapping_runs_are_skipped(redis_client: aioredis.Redis, redis_
     claims = FireClaims(redis_client, redis_prefix)
     runner = RecordingRunner()
     fires = CronFires(
-        store, claims, runner, agent_id="main", session_key_for_job=lambda job_id: job_id,
-        run_timeout_s=600, clock=lambda: NOW, owner="t",
+        store,
+        claims,
+        runner,
+        agent_id="main",
+        session_key_for_job=lambda job_id: job_id,
+        run_timeout_s=600,
+        clock=lambda: NOW,
+        owner="t",
     )
     await store.add(recurring())
     token = await claims.acquire_running("report", 60)
     assert token is not None
     skipped = await fires.fire("report", NOW + timedelta(minutes=1))
-    assert skipped is not None and skipped.run_status == "skipped" and "still in progress" in (skipped.error or "")
+    assert (
+        skipped is not None
+        and skipped.run_status == "skipped"
+        and "still in progress" in (skipped.error or "")
+    )
     await claims.release_running("report", token)
     ran = await fires.fire("report", NOW + timedelta(minutes=2))
     assert ran is not None and ran.run_status == "ok"

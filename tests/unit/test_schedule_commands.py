@@ -33,7 +33,11 @@ def clock() -> datetime:
 
 
 def options(**fields: object) -> CronAddOptions:
-    values: dict[str, object] = {"prompt": "Post the standup summary", "channel": "telegram", "chat_id": "-100123"}
+    values: dict[str, object] = {
+        "prompt": "Post the standup summary",
+        "channel": "telegram",
+        "chat_id": "-100123",
+    }
     values.update(fields)
     return CronAddOptions(**values)  # type: ignore[arg-type]
 
@@ -45,8 +49,10 @@ async def test_add_every_form_and_list(redis_client: aioredis.Redis, redis_prefi
         await cron_add(store, options(at="2027-03-28T09:00", tz="Europe/Berlin"), clock=clock),
         await cron_add(store, options(every="1h", allow="write,admin"), clock=clock),
         await cron_add(
-            store, options(cron="0 9 * * 0", channel="slack", chat_id="C1", thread_id="17.1"),
-            default_timezone="Europe/Berlin", clock=clock,
+            store,
+            options(cron="0 9 * * 0", channel="slack", chat_id="C1", thread_id="17.1"),
+            default_timezone="Europe/Berlin",
+            clock=clock,
         ),
     ]
     assert ids[0] == "soon" and len(set(ids)) == 4
@@ -63,7 +69,17 @@ async def test_add_every_form_and_list(redis_client: aioredis.Redis, redis_prefi
     as_json = json.loads(await cron_list_json(store, clock=clock))
     assert {row["id"] for row in as_json} == set(ids)
     table = format_job_table(await cron_list(store, clock=clock))
-    assert table.splitlines()[0].split() == ["ID", "STATE", "SCHEDULE", "NEXT", "RUN", "(UTC)", "LAST", "TARGET", "PROMPT"]
+    assert table.splitlines()[0].split() == [
+        "ID",
+        "STATE",
+        "SCHEDULE",
+        "NEXT",
+        "RUN",
+        "(UTC)",
+        "LAST",
+        "TARGET",
+        "PROMPT",
+    ]
     assert "slack:C1/17.1" in table and "2027-03-28 07:00:00" in table
     assert format_job_table([]) == "No cron jobs."
 
@@ -88,7 +104,11 @@ async def test_add_every_form_and_list(redis_client: aioredis.Redis, redis_prefi
     ],
 )
 async def test_add_rejects_bad_input_and_stores_nothing(
-    redis_client: aioredis.Redis, redis_prefix: str, fields: dict[str, object], error: type[CronError], message: str
+    redis_client: aioredis.Redis,
+    redis_prefix: str,
+    fields: dict[str, object],
+    error: type[CronError],
+    message: str,
 ) -> None:
     store = JobStore(redis_client, redis_prefix)
     with pytest.raises(error, match=message):
@@ -139,22 +159,45 @@ async def test_wait_for_run_finds_the_ledger_entry(redis_client: aioredis.Redis,
 async def test_cron_run_request_shape(redis_client: aioredis.Redis, redis_prefix: str) -> None:
     store = JobStore(redis_client, redis_prefix)
     job_id = await cron_add(
-        store, options(cron="0 9 * * 1-5", tz="Europe/Berlin", allow="write", channel="slack", chat_id="C9",
-                       thread_id="171.5", created_by="U1"),
+        store,
+        options(
+            cron="0 9 * * 1-5",
+            tz="Europe/Berlin",
+            allow="write",
+            channel="slack",
+            chat_id="C9",
+            thread_id="171.5",
+            created_by="U1",
+        ),
         clock=clock,
     )
     job = await store.get(job_id)
     assert job is not None
     fire = datetime(2027, 3, 29, 7, 0, tzinfo=UTC)
     request = cron_run_request(
-        job, agent_id="main", session_key=f"agent:main:cron:{job_id}", fire_time=fire, trigger="schedule",
-        request_id=None, now=fire + timedelta(seconds=1),
+        job,
+        agent_id="main",
+        session_key=f"agent:main:cron:{job_id}",
+        fire_time=fire,
+        trigger="schedule",
+        request_id=None,
+        now=fire + timedelta(seconds=1),
     )
     assert (request.channel, request.chat_id, request.thread_id) == ("slack", "C9", "171.5")
-    assert (request.kind, request.prompt_mode, request.session_key) == ("cron", "minimal", f"agent:main:cron:{job_id}")
+    assert (request.kind, request.prompt_mode, request.session_key) == (
+        "cron",
+        "minimal",
+        f"agent:main:cron:{job_id}",
+    )
     assert request.tool_policy.context == "scheduled" and request.tool_policy.allow == ("write",)
-    assert request.meta == {"fresh_session": "1", "job_id": job_id, "fire_time": "2027-03-29T07:00:00Z",
-                            "trigger": "schedule"}
+    assert request.meta == {
+        "fresh_session": "1",
+        "job_id": job_id,
+        "fire_time": "2027-03-29T07:00:00Z",
+        "trigger": "schedule",
+        "created_by": "U1",
+    }
+    assert request.user_id == ""
     assert request.dedupe_key == f"cron:{job_id}:2027-03-29T07:00:00Z"
     assert f'Cron job "{job_id}"' in request.text and "slack chat C9 (thread 171.5)" in request.text
     assert "2027-03-29 09:00 CEST" in request.text and "NO_REPLY" in request.text

@@ -17,7 +17,9 @@ from scheduler.store import JobStore
 NOW = datetime(2027, 6, 1, 10, 0, tzinfo=UTC)
 
 
-def ctx(chat_id: str = "-100", channel: str = "telegram", thread: str | None = None, user: str = "u7") -> ToolContext:
+def ctx(
+    chat_id: str = "-100", channel: str = "telegram", thread: str | None = None, user: str = "u7"
+) -> ToolContext:
     return ToolContext(
         run_id="r1",
         session_key=f"agent:main:{channel}:group:{chat_id}",
@@ -73,7 +75,9 @@ async def test_add_defaults_to_this_chat_and_thread(tool: CronTool, store: JobSt
 async def test_add_relative_and_interval_and_write_grant(tool: CronTool, store: JobStore) -> None:
     out = await tool.execute({"action": "add", "in": "20m", "prompt": "Stretch!"}, ctx())
     assert "at 2027-06-01T12:20:00+02:00" in out.content  # shown in the default timezone
-    await tool.execute({"action": "add", "every": "2h", "prompt": "Check the queue", "allow": ["write"], "id": "q"}, ctx())
+    await tool.execute(
+        {"action": "add", "every": "2h", "prompt": "Check the queue", "allow": ["write"], "id": "q"}, ctx()
+    )
     job = await store.get("q")
     assert job is not None and job.allow == ("write",)
 
@@ -86,13 +90,18 @@ async def test_add_relative_and_interval_and_write_grant(tool: CronTool, store: 
         ({"action": "add", "in": "5m"}, "prompt: required"),
         ({"action": "add", "prompt": "x", "cron": "0 25 * * *"}, "hour value 25"),
         ({"action": "add", "prompt": "x", "at": "2020-01-01T00:00:00Z"}, "in the past"),
-        ({"action": "add", "prompt": "x", "in": "5m", "allow": ["admin"]}, "only be granted from the command line"),
+        (
+            {"action": "add", "prompt": "x", "in": "5m", "allow": ["admin"]},
+            "only be granted from the command line",
+        ),
         ({"action": "add", "prompt": "x", "in": "5m", "id": "heartbeat"}, "reserved"),
         ({"action": "remove"}, "remove needs the job 'id'"),
         ({"action": "remove", "id": "ghost"}, "no cron job with id 'ghost'"),
     ],
 )
-async def test_bad_requests_are_clear_errors(tool: CronTool, store: JobStore, args: dict[str, object], message: str) -> None:
+async def test_bad_requests_are_clear_errors(
+    tool: CronTool, store: JobStore, args: dict[str, object], message: str
+) -> None:
     with pytest.raises(ToolError, match=message):
         await tool.execute(args, ctx())
     assert await store.list() == []
@@ -110,7 +119,9 @@ async def test_needs_a_chat(tool: CronTool) -> None:
 async def test_duplicate_id_is_an_error(tool: CronTool) -> None:
     await tool.execute({"action": "add", "every": "1h", "prompt": "x", "id": "same"}, ctx())
     with pytest.raises(ToolError, match="'same' already exists"):
-        await tool.execute({"action": "add", "every": "1h", "prompt": "y", "id": "same"}, ctx(chat_id="other"))
+        await tool.execute(
+            {"action": "add", "every": "1h", "prompt": "y", "id": "same"}, ctx(chat_id="other")
+        )
 
 
 async def test_per_chat_limit(tool: CronTool) -> None:

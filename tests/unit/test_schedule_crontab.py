@@ -65,7 +65,11 @@ def test_minute_hour_and_month_fields() -> None:
     assert [f.hour for f in work_hours] == [13, 17, 9, 13]
     quarterly = fires(parse_crontab("0 0 1 jan,apr,jul,oct *").trigger(ZoneInfo("UTC")), START, 3)
     assert [(f.month, f.day) for f in quarterly] == [(4, 1), (7, 1), (10, 1)]
-    assert [f.minute for f in fires(parse_crontab("5/20 * * * *").trigger(ZoneInfo("UTC")), START, 3)] == [5, 25, 45]
+    assert [f.minute for f in fires(parse_crontab("5/20 * * * *").trigger(ZoneInfo("UTC")), START, 3)] == [
+        5,
+        25,
+        45,
+    ]
 
 
 def test_day_of_month_or_day_of_week_when_both_restricted() -> None:

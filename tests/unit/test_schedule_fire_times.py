@@ -24,9 +24,9 @@ def test_latest_fire_between_for_an_interval() -> None:
 
 def test_bounds_are_strict() -> None:
     assert latest_fire_between(HOURLY, ANCHOR + timedelta(hours=5), ANCHOR + timedelta(hours=6)) is None
-    assert latest_fire_between(HOURLY, ANCHOR + timedelta(hours=4), ANCHOR + timedelta(hours=5, microseconds=1)) == (
-        ANCHOR + timedelta(hours=5)
-    )
+    assert latest_fire_between(
+        HOURLY, ANCHOR + timedelta(hours=4), ANCHOR + timedelta(hours=5, microseconds=1)
+    ) == (ANCHOR + timedelta(hours=5))
     assert latest_fire_between(HOURLY, ANCHOR + timedelta(hours=2), ANCHOR + timedelta(hours=1)) is None
 
 

@@ -49,7 +49,9 @@ def test_at_with_offset_z_and_naive_in_timezone() -> None:
     assert berlin.at == datetime(2027, 3, 28, 7, tzinfo=UTC)
     assert berlin.describe() == "at 2027-03-28T09:00:00+02:00"
     # The day before the change, the same wall time is one hour later in UTC.
-    assert parse_at("2027-03-27 09:00", tz="Europe/Berlin", now=NOW).at == datetime(2027, 3, 27, 8, tzinfo=UTC)
+    assert parse_at("2027-03-27 09:00", tz="Europe/Berlin", now=NOW).at == datetime(
+        2027, 3, 27, 8, tzinfo=UTC
+    )
 
 
 def test_at_rejects_garbage_and_the_past() -> None:
@@ -72,7 +74,11 @@ def test_every_is_anchored_at_creation() -> None:
 
 @pytest.mark.parametrize(
     ("text", "message"),
-    [("30s", "too short; the minimum interval is 1m"), ("400d", "too long"), ("often", "every: not a duration")],
+    [
+        ("30s", "too short; the minimum interval is 1m"),
+        ("400d", "too long"),
+        ("often", "every: not a duration"),
+    ],
 )
 def test_every_rejects_bad_intervals(text: str, message: str) -> None:
     with pytest.raises(ScheduleError, match=message):
@@ -98,7 +104,10 @@ def test_build_schedule_uses_default_timezone_for_cron() -> None:
     schedule = build_schedule(cron="0 9 * * 1-5", default_tz="Europe/Berlin", now=NOW)
     assert isinstance(schedule, CronSchedule)
     assert (schedule.expr, schedule.tz) == ("0 9 * * 1-5", "Europe/Berlin")
-    assert build_schedule(cron="0 9 * * *", tz="Asia/Tokyo", default_tz="Europe/Berlin", now=NOW).tz == "Asia/Tokyo"
+    assert (
+        build_schedule(cron="0 9 * * *", tz="Asia/Tokyo", default_tz="Europe/Berlin", now=NOW).tz
+        == "Asia/Tokyo"
+    )
 
 
 def test_parse_schedule_single_string_forms() -> None:
@@ -128,7 +137,9 @@ def test_job_round_trips_through_json_with_each_schedule_kind() -> None:
         parse_every("1h", now=NOW),
         build_schedule(cron="0 9 * * 0", tz="Europe/Berlin", now=NOW),
     ):
-        job = CronJob(id="daily-1", schedule=schedule, prompt="say hi", target=target, allow=["write"], created_at=NOW)
+        job = CronJob(
+            id="daily-1", schedule=schedule, prompt="say hi", target=target, allow=["write"], created_at=NOW
+        )
         again = CronJob.model_validate_json(job.model_dump_json())
         assert again == job
         assert again.schedule.kind == schedule.kind

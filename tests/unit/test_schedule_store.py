@@ -53,7 +53,9 @@ async def test_crud_and_change_notifications(redis_client: aioredis.Redis, redis
         await store.add(job("a"))
         assert [j.id for j in await store.list()] == ["a", "b"]  # oldest first
         assert await redis_client.smembers(f"{redis_prefix}:cron:jobs") == {"a", "b"}
-        assert json.loads(await redis_client.get(f"{redis_prefix}:cron:job:a"))["prompt"] == "summarize the day"
+        assert (
+            json.loads(await redis_client.get(f"{redis_prefix}:cron:job:a"))["prompt"] == "summarize the day"
+        )
         updated = await store.update("a", lambda j: j.model_copy(update={"enabled": False}))
         assert updated is not None and not updated.enabled
         stored = await store.get("a")
@@ -74,7 +76,9 @@ async def test_crud_and_change_notifications(redis_client: aioredis.Redis, redis
     ]
 
 
-async def test_duplicate_id_is_rejected_and_nothing_is_lost(redis_client: aioredis.Redis, redis_prefix: str) -> None:
+async def test_duplicate_id_is_rejected_and_nothing_is_lost(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
     store = JobStore(redis_client, redis_prefix)
     await store.add(job("daily"))
     with pytest.raises(DuplicateJobError, match="'daily' already exists"):
@@ -90,14 +94,18 @@ async def test_concurrent_updates_are_not_lost(redis_client: aioredis.Redis, red
 
     async def bump(target: JobStore) -> None:
         for _ in range(15):
-            await target.update("daily", lambda j: j.model_copy(update={"failure_streak": j.failure_streak + 1}))
+            await target.update(
+                "daily", lambda j: j.model_copy(update={"failure_streak": j.failure_streak + 1})
+            )
 
     await asyncio.gather(bump(store), bump(JobStore(second, redis_prefix)))
     stored = await store.get("daily")
     assert stored is not None and stored.failure_streak == 30
 
 
-async def test_corrupt_entries_are_reported_and_skipped(redis_client: aioredis.Redis, redis_prefix: str) -> None:
+async def test_corrupt_entries_are_reported_and_skipped(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
     store = JobStore(redis_client, redis_prefix)
     await store.add(job("good"))
     await redis_client.set(store.job_key("bad"), '{"id": "bad", "prompt": 3}')
@@ -114,8 +122,14 @@ async def test_ledger_is_capped_and_newest_first(redis_client: aioredis.Redis, r
     for n in range(LEDGER_SIZE + 5):
         at = NOW + timedelta(minutes=n)
         await ledger.append(
-            RunRecord(job_id="daily", run_id=f"r{n}", started_at=at, finished_at=at, run_status="ok",
-                      delivery_status="delivered")
+            RunRecord(
+                job_id="daily",
+                run_id=f"r{n}",
+                started_at=at,
+                finished_at=at,
+                run_status="ok",
+                delivery_status="delivered",
+            )
         )
     records = await ledger.recent("daily")
     assert len(records) == LEDGER_SIZE
@@ -125,7 +139,9 @@ async def test_ledger_is_capped_and_newest_first(redis_client: aioredis.Redis, r
     assert len(await ledger.recent("daily", limit=3)) == 2
 
 
-async def test_removed_job_keeps_its_ledger_for_a_while(redis_client: aioredis.Redis, redis_prefix: str) -> None:
+async def test_removed_job_keeps_its_ledger_for_a_while(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
     store = JobStore(redis_client, redis_prefix)
     await store.add(job())
     await store.ledger.append(RunLedger.skipped("daily", "x", at=NOW, fire_time=NOW, trigger="schedule"))
