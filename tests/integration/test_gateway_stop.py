@@ -29,7 +29,7 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
+    except OSError:  # reaped meanwhile (ENOENT, or ESRCH while reading)
         return False
 
 
