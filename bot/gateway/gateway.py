@@ -135,11 +135,15 @@ class Gateway:
         if enqueued.duplicate:
             metrics.DEDUPE_HITS.labels(req.channel).inc()
             return SubmitResult("duplicate")
-        for dropped in enqueued.dropped:
-            metrics.INBOX_DROPS.inc()
-            await self._tell_dropped(dropped)
-        if self.cfg.queue.mode == "interrupt" and req.kind == "chat" and await self.is_busy(req.session_key):
-            await self.cancel.request(req.session_key)
+        try:
+            for dropped in enqueued.dropped:
+                metrics.INBOX_DROPS.inc()
+                await self._tell_dropped(dropped)
+            # Interrupt: the queued message must not wait for the run that is already going.
+            if self.cfg.queue.mode == "interrupt" and req.kind == "chat" and await self.is_running(req.session_key):
+                await self.cancel.request(req.session_key)
+        except RedisError as exc:
+            log.warning("submit.after_enqueue_failed", error=str(exc), session_key=req.session_key)
         self._kick(req.session_key)
         return SubmitResult("queued")
 
