@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -37,6 +38,7 @@ class CronFires:
         run_timeout_s: float,
         clock: Clock,
         owner: str,
+        redis_concurrency: int = 16,
     ) -> None:
         self._store = store
         self._ledger: RunLedger = store.ledger
@@ -47,42 +49,62 @@ class CronFires:
         self._timeout_s = run_timeout_s
         self._clock = clock
         self._owner = owner
+        self._running_ttl_s = run_timeout_s + RUNNER_GRACE_S + 60
+        # Many jobs can come due in the same second; bounding the Redis bookkeeping in flight
+        # keeps a replica from exhausting a bounded connection pool (and a run from being lost
+        # after its fire was claimed).
+        self._gate = asyncio.Semaphore(redis_concurrency)
 
     async def fire(
         self, job_id: str, fire_time: datetime, *, trigger: FireTrigger = "schedule"
     ) -> RunRecord | None:
         """A scheduled (or caught-up) fire; None when another replica has it or it does not apply."""
-        if not await self._claims.claim(job_id, fire_time, self._owner):
-            return None
-        await self._claims.note_fire(job_id, fire_time)
-        job = await self._load(job_id)
-        if job is None or not job.enabled:
-            return None
-        if job.not_before is not None and fire_time < job.not_before - _FLOOR_TOLERANCE:
-            log.info(
-                "cron.backing_off", job_id=job_id, fire_time=iso_utc(fire_time), until=iso_utc(job.not_before)
-            )
-            return None
-        return await self._run(job, fire_time, trigger, None)
+        async with self._gate:
+            if not await self._claims.claim(job_id, fire_time, self._owner):
+                return None
+            await self._claims.note_fire(job_id, fire_time)
+            job = await self._load(job_id)
+            if job is None or not job.enabled:
+                return None
+            if job.not_before is not None and fire_time < job.not_before - _FLOOR_TOLERANCE:
+                log.info(
+                    "cron.backing_off",
+                    job_id=job_id,
+                    fire_time=iso_utc(fire_time),
+                    until=iso_utc(job.not_before),
+                )
+                return None
+            token = await self._claims.acquire_running(job.id, self._running_ttl_s)
+            if token is None:
+                return await self._skip_overlap(job, fire_time, trigger, None)
+        return await self._run(job, token, fire_time, trigger, None)
 
     async def skip_missed(self, job_id: str, fire_time: datetime, reason: str) -> RunRecord | None:
         """Record a missed fire as skipped (catch_up: skip), once across replicas."""
-        if not await self._claims.claim(job_id, fire_time, self._owner):
-            return None
-        await self._claims.note_fire(job_id, fire_time)
-        job = await self._load(job_id)
-        if job is None or not job.enabled:
-            return None
-        record = RunLedger.skipped(job_id, reason, at=self._clock(), fire_time=fire_time, trigger="catch_up")
-        await self._finish(job, record)
-        return record
+        async with self._gate:
+            if not await self._claims.claim(job_id, fire_time, self._owner):
+                return None
+            await self._claims.note_fire(job_id, fire_time)
+            job = await self._load(job_id)
+            if job is None or not job.enabled:
+                return None
+            record = RunLedger.skipped(
+                job_id, reason, at=self._clock(), fire_time=fire_time, trigger="catch_up"
+            )
+            await self._finish(job, record)
+            return record
 
     async def run_now(self, job_id: str, *, request_id: str | None = None) -> RunRecord:
         """Run the job immediately, enabled or not; JobNotFoundError when it does not exist."""
-        job = await self._load(job_id)
-        if job is None:
-            raise JobNotFoundError(job_id)
-        return await self._run(job, self._clock(), "run_now", request_id)
+        now = self._clock()
+        async with self._gate:
+            job = await self._load(job_id)
+            if job is None:
+                raise JobNotFoundError(job_id)
+            token = await self._claims.acquire_running(job.id, self._running_ttl_s)
+            if token is None:
+                return await self._skip_overlap(job, now, "run_now", request_id)
+        return await self._run(job, token, now, "run_now", request_id)
 
     async def _load(self, job_id: str) -> CronJob | None:
         try:
@@ -91,21 +113,24 @@ class CronFires:
             log.error("cron.job_unreadable", job_id=job_id, error=str(exc))
             return None
 
-    async def _run(
+    async def _skip_overlap(
         self, job: CronJob, fire_time: datetime, trigger: FireTrigger, request_id: str | None
     ) -> RunRecord:
-        token = await self._claims.acquire_running(job.id, self._timeout_s + RUNNER_GRACE_S + 60)
-        if token is None:
-            record = RunLedger.skipped(
-                job.id,
-                "the previous run of this job is still in progress",
-                at=self._clock(),
-                fire_time=fire_time,
-                trigger=trigger,
-                request_id=request_id,
-            )
-            await self._finish(job, record)
-            return record
+        record = RunLedger.skipped(
+            job.id,
+            "the previous run of this job is still in progress",
+            at=self._clock(),
+            fire_time=fire_time,
+            trigger=trigger,
+            request_id=request_id,
+        )
+        await self._finish(job, record)
+        return record
+
+    async def _run(
+        self, job: CronJob, token: str, fire_time: datetime, trigger: FireTrigger, request_id: str | None
+    ) -> RunRecord:
+        # The run itself is outside the gate: runs may take minutes and must not queue each other.
         try:
             request = cron_run_request(
                 job,
@@ -128,7 +153,8 @@ class CronFires:
             )
         finally:
             await self._claims.release_running(job.id, token)
-        await self._finish(job, record)
+        async with self._gate:
+            await self._finish(job, record)
         return record
 
     async def _finish(self, job: CronJob, record: RunRecord) -> None:
