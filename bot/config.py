@@ -87,6 +87,7 @@ class TelegramConfig(_Section):
     groups: list[str] = Field(default_factory=list)
     require_mention: bool = True
     stream_edit_interval_s: float = Field(1.0, ge=0.2)
+    poll_lease_s: float = Field(30, ge=2)  # polling leader's lease; a dead leader is replaced within it
 
     @field_validator("allow_from", "groups", mode="before")
     @classmethod

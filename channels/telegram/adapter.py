@@ -256,6 +256,9 @@ class TelegramChannel:
         request = self._run_request(decision, ctx)
         result = await ctx.submit(request)
         log.debug("telegram.submitted", update_id=update.update_id, run_id=request.run_id, status=result.status)
+        if result.status == "error":
+            # Not accepted (store down, shutting down): fail so the update is delivered again.
+            raise RuntimeError(f"update {update.update_id} not accepted: {result.detail}")
         if decision.callback_id:
             await self._answer_callback(decision.callback_id, "Approved." if decision.decision == "approve" else "Denied.")
             if update.callback_query is not None and update.callback_query.message is not None:
