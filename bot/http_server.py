@@ -63,7 +63,13 @@ class HttpServer:
 
 
 def _body_limit(limit: int) -> Callable[..., Awaitable[web.StreamResponse]]:
-    """Reject an oversized body from its Content-Length, before reading any of it."""
+    """Reject an oversized body from its Content-Length, before reading any of it.
+
+    A body without one (chunked) or inflated by its Content-Encoding is bounded when a
+    handler reads it (``request.read()`` against ``client_max_size``: 413). A body that
+    cannot be decoded (a broken gzip stream, bad chunk framing) surfaces only then, as
+    aiohttp's parser error, and is answered 400 here instead of a 500.
+    """
 
     @web.middleware
     async def middleware(
@@ -72,6 +78,10 @@ def _body_limit(limit: int) -> Callable[..., Awaitable[web.StreamResponse]]:
         length = request.content_length
         if length is not None and length > limit:
             return web.json_response({"error": f"body too large ({length} > {limit} bytes)"}, status=413)
-        return await handler(request)
+        try:
+            return await handler(request)
+        except web.RequestPayloadError as exc:
+            log.info("http.bad_body", path=request.path, error=str(exc)[:200])
+            return web.json_response({"error": "the request body cannot be decoded"}, status=400)
 
     return middleware

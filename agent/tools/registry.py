@@ -3,20 +3,24 @@
 Arguments are validated with ``jsonschema`` (Draft 2020-12) against the very schema
 that is sent to the model, so what the model is told and what is enforced can never
 drift apart. A validation failure becomes an ``is_error`` tool result, never an
-exception.
+exception. Two readings are made strict, as JSON Schema means them: numbers must be
+finite (``NaN``, ``Infinity`` and ``1e999`` are refused), and ``$`` in a ``pattern``
+is the end of the value (ECMA-262), not also the place before a final newline.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import SchemaError
+from jsonschema import Draft202012Validator, validators
+from jsonschema.exceptions import SchemaError, ValidationError
 
 from agent.types import Category, ToolPolicy
 
@@ -81,12 +85,63 @@ class Tool(ABC):
         }
 
 
+def _end_anchored(pattern: str) -> str:
+    """``pattern`` with every ``$`` outside a character class made ``\\Z`` (end of the value only)."""
+    out: list[str] = []
+    i, in_class = 0, False
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\":
+            out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if in_class:
+            if ch == "]":
+                in_class = False
+        elif ch == "[":
+            in_class = True
+            out.append(ch)
+            i += 1
+            # A "]" right after "[" or "[^" is a literal member, not the end of the class.
+            if pattern[i : i + 1] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i : i + 1] == "]":
+                out.append("]")
+                i += 1
+            continue
+        elif ch == "$":
+            ch = "\\Z"
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not re.search(_end_anchored(pattern), instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Validator = validators.extend(Draft202012Validator, {"pattern": _pattern})
+
+
+def _not_json_number(text: str) -> Any:
+    raise ValueError(f"{text} is not a JSON number")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
 class ToolRegistry:
     """The set of tools offered to one run, with their compiled validators."""
 
     def __init__(self, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
-        self._validators: dict[str, Draft202012Validator] = {}
+        self._validators: dict[str, Any] = {}
         for tool in tools:
             self.register(tool)
 
@@ -98,7 +153,7 @@ class ToolRegistry:
         except SchemaError as exc:
             raise ValueError(f"tool {tool.name!r}: invalid parameters schema: {exc.message}") from exc
         self._tools[tool.name] = tool
-        self._validators[tool.name] = Draft202012Validator(tool.parameters)
+        self._validators[tool.name] = _Validator(tool.parameters)
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -123,12 +178,23 @@ class ToolRegistry:
             known = ", ".join(sorted(self._tools)) or "none"
             raise ToolError(f"Error: unknown tool {name!r}. Available tools: {known}.")
         try:
-            args = json.loads(raw) if raw and raw.strip() else {}
+            args = (
+                json.loads(raw, parse_constant=_not_json_number, parse_float=_finite_float)
+                if raw and raw.strip()
+                else {}
+            )
         except json.JSONDecodeError as exc:
             raise ToolError(f"Error: arguments for {name!r} are not valid JSON ({exc.msg} at position {exc.pos}).") from exc
+        except ValueError as exc:  # NaN, Infinity, a float beyond double range
+            raise ToolError(f"Error: arguments for {name!r} are not valid JSON ({exc}).") from None
+        except RecursionError:
+            raise ToolError(f"Error: arguments for {name!r} are nested too deeply.") from None
         if not isinstance(args, dict):
             raise ToolError(f"Error: arguments for {name!r} must be a JSON object, got {type(args).__name__}.")
-        errors = sorted(self._validators[name].iter_errors(args), key=lambda e: list(e.path))
+        try:
+            errors = sorted(self._validators[name].iter_errors(args), key=lambda e: list(e.path))
+        except RecursionError:
+            raise ToolError(f"Error: arguments for {name!r} are nested too deeply.") from None
         if errors:
             details = "; ".join(_describe(e) for e in errors[:5])
             raise ToolError(f"Error: invalid arguments for {name!r}: {details}")

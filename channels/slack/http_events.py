@@ -4,10 +4,14 @@ Checks, in this order, so that nobody learns anything without the secret: the v0
 signature over ``v0:<timestamp>:<body>`` (constant-time, slack_sdk's verifier) and a
 timestamp no older (or newer) than five minutes — else 401; then the body must be what
 Slack sends (a JSON object for events, a form with ``command`` or a JSON ``payload``
-for slash commands and interactivity) — else 400. The request then goes to the bolt
-app, the same dispatch Socket Mode uses; bolt acks events at once and runs the
-listener after the answer, so Slack gets its 200 well within its 3 seconds.
-Oversize bodies are refused by the HTTP server itself (``client_max_size``).
+for slash commands and interactivity, with no lone surrogate escape) — else 400. The
+request then goes to the bolt app, the same dispatch Socket Mode uses; bolt acks events
+at once and runs the listener after the answer, so Slack gets its 200 well within its
+3 seconds. Bolt trusts the shape of what it reads out of a payload (ids, ``actions``,
+``event.type``); where a payload breaks that, bolt logs the error and answers 500, and
+as every listener here acks before any I/O, such a 500 can only come from a payload
+Slack would not send: it is answered 400. Oversize bodies are refused by the HTTP
+server itself (``client_max_size``, also for chunked bodies: the body is read whole).
 """
 
 from __future__ import annotations
@@ -50,11 +54,11 @@ def check_body(raw: str, content_type: str) -> str | None:
     if content_type == "application/json":
         try:
             data: Any = json.loads(raw)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             return "body is not valid JSON"
         if not isinstance(data, dict) or not isinstance(data.get("type"), str):
             return "body must be a JSON object with a type"
-        return None
+        return None if _is_unicode(data) else "body holds a lone surrogate escape"
     if content_type == "application/x-www-form-urlencoded":
         try:
             form = parse_qs(raw, keep_blank_values=True, strict_parsing=bool(raw))
@@ -63,15 +67,24 @@ def check_body(raw: str, content_type: str) -> str | None:
         if "payload" in form:
             try:
                 payload = json.loads(form["payload"][0])
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 return "payload is not valid JSON"
             if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
                 return "payload must be a JSON object with a type"
-            return None
+            return None if _is_unicode(payload) else "payload holds a lone surrogate escape"
         if "command" in form or "ssl_check" in form:
             return None
         return "form has neither a command nor a payload"
     return f"unsupported content type {content_type or '(none)'}"
+
+
+def _is_unicode(data: Any) -> bool:
+    """Whether every string in ``data`` is valid Unicode (no lone surrogates)."""
+    try:
+        json.dumps(data, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, RecursionError):
+        return False
+    return True
 
 
 class SlackEventsEndpoint:
@@ -107,9 +120,15 @@ class SlackEventsEndpoint:
                 "slack.http_retry", retry_num=retry, reason=request.headers.get("X-Slack-Retry-Reason", "")
             )
         headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
-        response = await self._dispatch(
-            AsyncBoltRequest(body=text, query=request.query_string, headers=headers)
-        )
+        try:
+            bolt_request = AsyncBoltRequest(body=text, query=request.query_string, headers=headers)
+        except Exception as exc:  # bolt reads ids out of the payload, trusting their types
+            log.warning("slack.http_malformed", reason=f"bolt cannot read the payload ({type(exc).__name__})")
+            return _error(400, "payload is not shaped like Slack's")
+        response = await self._dispatch(bolt_request)
+        if response.status >= 500:  # bolt has logged what broke (see the module docstring)
+            log.warning("slack.http_malformed", reason="bolt could not dispatch the payload")
+            return _error(400, "payload is not shaped like Slack's")
         return web.Response(
             status=response.status,
             body=response.body.encode("utf-8"),

@@ -103,11 +103,14 @@ class SlackIntake:
         if user == self._me.user_id:
             return Outcome("ignored", "self")
         channel, ts = str(event.get("channel") or ""), str(event.get("ts") or "")
-        if not _SAFE_ID.match(channel) or not _SAFE_ID.match(ts):
+        if not _SAFE_ID.fullmatch(channel) or not _SAFE_ID.fullmatch(ts):
             return Outcome("ignored", "malformed")
         team = str(body.get("team_id") or event.get("team") or self._me.team_id)
+        event_id = str(body.get("event_id") or "")
+        if not _SAFE_ID.fullmatch(team) or (event_id and not _SAFE_ID.fullmatch(event_id)):
+            return Outcome("ignored", "malformed")
         raw_thread = event.get("thread_ts")
-        thread_ts = str(raw_thread) if raw_thread and _SAFE_ID.match(str(raw_thread)) else None
+        thread_ts = str(raw_thread) if raw_thread and _SAFE_ID.fullmatch(str(raw_thread)) else None
         is_dm = is_dm_channel(channel, event.get("channel_type"))
         text, mentioned = strip_mention(str(event.get("text") or ""), self._me.user_id)
         mentioned = mentioned or kind == "app_mention"
@@ -126,7 +129,6 @@ class SlackIntake:
         if not text:
             return Outcome("ignored", "empty")
 
-        event_id = str(body.get("event_id") or "")
         claimed: list[str] = []
         if event_id:
             if not await self._ctx.kv.set_nx(event_key(event_id), "1", DEDUPE_TTL_S):

@@ -25,7 +25,15 @@ from telegram.request import HTTPXRequest
 from agent.types import RunRequest
 from channels.base import ChannelContext, ReplyStream, Target
 from channels.telegram.format import render_parts, render_preview
-from channels.telegram.intake import CONTROL_COMMANDS, Access, BotIdentity, Ignored, Inbound, normalize_update
+from channels.telegram.intake import (
+    CONTROL_COMMANDS,
+    Access,
+    BotIdentity,
+    Ignored,
+    Inbound,
+    MalformedUpdate,
+    normalize_update,
+)
 from channels.telegram.polling import PollingIntake
 from channels.telegram.redact import TokenRedactor, scrub
 from channels.telegram.send import ChatRef, TelegramSender
@@ -232,15 +240,21 @@ class TelegramChannel:
             update = Update.de_json(data, self._bot)
         except Exception as exc:
             raise BadUpdate(f"not a Telegram update: {exc}") from None
-        await self.handle_update(update)
+        await self.handle_update(update, strict=True)
 
-    async def handle_update(self, update: Update) -> None:
-        """Normalize, check access, submit. Raises only if submitting failed (so it is retried)."""
+    async def handle_update(self, update: Update, *, strict: bool = False) -> None:
+        """Normalize, check access, submit. Raises only if submitting failed (so it is retried),
+        or, when ``strict`` (the webhook), ``BadUpdate`` for a malformed update (else it is skipped)."""
         ctx = self._ctx
         if ctx is None or self.me is None:
             raise RuntimeError("the telegram channel is not started")
         try:
             decision = normalize_update(update, self.me, self.access, self._command_names)
+        except MalformedUpdate as exc:
+            if strict:
+                raise BadUpdate(str(exc)) from None
+            log.warning("telegram.malformed_update", update_id=update.update_id, error=scrub(str(exc)))
+            return
         except Exception:
             log.exception("telegram.normalize_failed", update_id=update.update_id)
             return

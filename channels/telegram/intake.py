@@ -11,6 +11,11 @@ Pure functions over python-telegram-bot objects (no I/O), so every rule is unit-
   commands at the start, or a reply to one of the bot's messages;
 * the bot's own mention is removed from the text; media become short placeholders;
 * forum topics keep their thread, the General topic and reply threads do not.
+
+python-telegram-bot checks no types when it builds an ``Update`` from JSON, so an update
+that lacks what the Bot API guarantees (a message without a chat, a list for a text)
+can reach these functions; :func:`normalize_update` raises :class:`MalformedUpdate` for
+it, and nothing else.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from channels.telegram.settings import TelegramSettings
 
 CONTROL_COMMANDS = frozenset({"stop", "stopall", "new", "status", "help", "approve", "deny"})
 APPROVAL_DATA = re.compile(r"^ap:([A-Za-z0-9_-]{1,48}):([yn])$")
+
+
+class MalformedUpdate(ValueError):
+    """An update that does not have the shape the Bot API guarantees."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +127,14 @@ def _split_ids(entries: Iterable[str]) -> tuple[frozenset[str], frozenset[str]]:
 def normalize_update(
     update: Update, me: BotIdentity, access: Access, commands: frozenset[str] = CONTROL_COMMANDS
 ) -> Inbound | Ignored:
-    """Decide what an update means for the bot."""
+    """Decide what an update means for the bot; raises only :class:`MalformedUpdate`."""
+    try:
+        return _normalize_update(update, me, access, commands)
+    except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
+        raise MalformedUpdate(f"malformed update ({type(exc).__name__}: {exc})") from exc
+
+
+def _normalize_update(update: Update, me: BotIdentity, access: Access, commands: frozenset[str]) -> Inbound | Ignored:
     if update.callback_query is not None:
         return normalize_callback(update.update_id, update.callback_query, access)
     if update.edited_message is not None or update.edited_channel_post is not None:

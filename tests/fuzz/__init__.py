@@ -1,0 +1,1 @@
+"""Property tests with hostile input (hypothesis): parsers, webhooks, formatters, tool arguments."""
