@@ -16,8 +16,10 @@ from bot import metrics
 from bot.gateway.approvals import Approvals
 from bot.gateway.commands import HELP_TEXT, Command
 from bot.gateway.delivery import DeliveryLedger
-from bot.gateway.inbox import DEDUPE_TTL_S, Inbox, dedupe_key_name
+from bot.gateway.inbox import Inbox
 from bot.gateway.reply import notify
+from bot.store.dedupe import Deduper
+from bot.store.keys import Keys
 from bot.store.sessions import SessionStore
 from channels.base import ChannelAdapter, Target
 
@@ -51,6 +53,7 @@ class ControlCommands:
     ) -> None:
         self._r = client
         self._prefix = prefix
+        self._deduper = Deduper(client, Keys(prefix))
         self._channels = channels
         self._sessions = sessions
         self._approvals = approvals
@@ -59,7 +62,7 @@ class ControlCommands:
         self._context_window = context_window
 
     async def first_time(self, dedupe_key: str) -> bool:
-        return bool(await self._r.set(dedupe_key_name(self._prefix, dedupe_key), "1", nx=True, ex=DEDUPE_TTL_S))
+        return await self._deduper.first_time(dedupe_key)
 
     async def handle(self, command: Command, req: RunRequest, gateway: GatewayOps) -> None:
         metrics.COMMANDS.labels(command.name).inc()

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 
 from agent.types import RunRequest
+from bot.store.dedupe import DEFAULT_TTL_S as DEDUPE_TTL_S
+from bot.store.keys import Keys
 
 _ENQUEUE = """
 if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
@@ -54,8 +56,6 @@ return 1
 _KEEP_MS = 7 * 24 * 3600 * 1000
 
 
-DEDUPE_TTL_S = 24 * 3600
-
 
 @dataclass
 class EnqueueResult:
@@ -69,6 +69,7 @@ class Inbox:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self._r = client
         self._prefix = prefix
+        self._keys = Keys(prefix)
         self._enqueue = client.register_script(_ENQUEUE)
         self._take = client.register_script(_TAKE)
         self._finish = client.register_script(_FINISH)
@@ -87,10 +88,10 @@ class Inbox:
         """Append ``req`` unless ``dedupe_key`` was seen in the last 24 h (one atomic step,
         so a failed enqueue never leaves the key behind to swallow the platform's retry).
         When the inbox passes ``cap`` the oldest entries are dropped and returned."""
-        dedupe = dedupe_key_name(self._prefix, dedupe_key) if dedupe_key else ""
+        dedupe = self._keys.dedupe(dedupe_key) if dedupe_key else ""
         raw = await self._enqueue(
             keys=[self._inbox(req.session_key), self._running(req.session_key), self._pending, dedupe],
-            args=[req.model_dump_json(), cap, time.time(), req.session_key, _KEEP_MS, DEDUPE_TTL_S],
+            args=[req.model_dump_json(), cap, time.time(), req.session_key, _KEEP_MS, int(DEDUPE_TTL_S)],
         )
         if raw is None:
             return EnqueueResult(dropped=[], duplicate=True)
@@ -136,10 +137,6 @@ class Inbox:
 
     async def depth(self) -> int:
         return int(await self._r.zcard(self._pending))
-
-
-def dedupe_key_name(prefix: str, key: str) -> str:
-    return f"{prefix}:dedupe:{key}"
 
 
 def describe(req: RunRequest, limit: int = 60) -> str:
