@@ -6,6 +6,19 @@ intake.py and slash commands / approval buttons to commands.py, which submit
 RunRequests and never wait for a run. Outbound goes through api.py (rate limits,
 retries) and stream.py. ``auth.test`` at start tells who the bot is; bolt gets that
 result through ``authorize`` so it makes no extra calls per request.
+
+Accept, then acknowledge. Bolt runs with ``process_before_response=True``: a listener
+submits first (a quick Redis enqueue) and only then lets bolt acknowledge, so Slack
+never hears "got it" about an event that is not stored. When the gateway does not take
+it (``submit`` answers ``error``, Redis raises, or there is no answer within
+``accept_timeout_s``, 2.5 s, well inside Slack's 3 s) the listener returns a 503
+response instead: over HTTP that is the answer, and Slack retries with
+``X-Slack-Retry-Num``; in Socket Mode bolt's handler sends no ack for a non-200, and
+Slack redelivers the envelope. The submit itself is never cancelled at the deadline
+(a half-done ``/new`` must not be cut off): it finishes in the background, and the
+redelivery is then answered by the dedupe. The same holds for slash commands and
+approval buttons (Slack shows the person an error instead of retrying those); the
+approval message is updated in the background after the answer.
 """
 
 from __future__ import annotations
@@ -14,8 +27,8 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 import aiohttp
 import structlog
@@ -23,15 +36,16 @@ from slack_bolt.adapter.socket_mode.async_handler import AsyncSocketModeHandler
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.authorization import AuthorizeResult
 from slack_bolt.context.ack.async_ack import AsyncAck
+from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.base import ChannelContext, Target
+from channels.base import ChannelContext, SubmitResult, Target
 from channels.slack.access import AccessPolicy
 from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.approval import approval_decided, approval_prompt
-from channels.slack.commands import APPROVE_ACTION, DENY_ACTION, CommandIntake
+from channels.slack.commands import APPROVE_ACTION, DENY_ACTION, ApprovalAnswer, CommandIntake
 from channels.slack.format import format_parts, preview_part
-from channels.slack.http_events import SlackEventsEndpoint
+from channels.slack.http_events import NOT_ACCEPTED_STATUS, SlackEventsEndpoint
 from channels.slack.intake import BotIdentity, Outcome, SlackIntake
 from channels.slack.settings import SlackSettings
 from channels.slack.stream import SlackReplyStream
@@ -40,12 +54,28 @@ log = structlog.get_logger(__name__)
 
 DRAIN_TIMEOUT_S = 5.0
 
+_T = TypeVar("_T")
+
 Observer = Callable[[str, Outcome], None]
 
 
 _TOKEN_ERRORS = frozenset(
     {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"}
 )
+
+
+def _not_accepted(outcome: Outcome) -> BoltResponse:
+    """Bolt's answer for an event the gateway did not take: 503 over HTTP, no ack over the socket."""
+    return BoltResponse(
+        status=NOT_ACCEPTED_STATUS,
+        body={"ok": False, "error": f"not accepted ({outcome.reason}), retry later"},
+    )
+
+
+def _submitted(result: SubmitResult) -> Outcome:
+    if result.status == "error":
+        return Outcome("failed", result.detail or "not accepted")
+    return Outcome("submitted", result.status)
 
 
 class SlackStartError(RuntimeError):
@@ -79,7 +109,7 @@ class SlackChannel:
         self._connect_task: asyncio.Task[None] | None = None
         self._endpoint: SlackEventsEndpoint | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
-        # Bolt starts a task per event; a burst must not exhaust the store's connections.
+        # Events are handled concurrently; a burst must not exhaust the store's connections.
         self._intake_slots = asyncio.Semaphore(settings.max_concurrent_intake)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -160,7 +190,7 @@ class SlackChannel:
             client=bolt_client,
             authorize=authorize,
             request_verification_enabled=False,  # the HTTP route verifies before dispatch
-            process_before_response=False,
+            process_before_response=True,  # acknowledge only what was accepted (module docstring)
             logger=logging.getLogger("botd.slack.bolt"),
         )
         app.event(re.compile(r".+"))(self._on_event)
@@ -220,49 +250,92 @@ class SlackChannel:
         return not socket.client.closed and session is not None and not session.closed
 
     async def drain(self, within_s: float = DRAIN_TIMEOUT_S) -> None:
-        """Wait (bounded) for inbound events being handled right now."""
+        """Wait (bounded) for inbound requests being handled right now (and their follow-ups)."""
         if self._inflight:
             await asyncio.wait(set(self._inflight), timeout=within_s)
 
     # -- inbound ----------------------------------------------------------------------
-    async def _tracked(self, kind: str, work: Callable[[], Awaitable[Outcome]]) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._inflight.add(task)
+    async def _accept(self, kind: str, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        """Run ``work`` (normalize and submit one inbound request) and tell whether it was
+        accepted, within ``accept_timeout_s``.
+
+        Waiting for one of the ``max_concurrent_intake`` slots counts against the deadline.
+        ``work`` runs in its own task, shielded: at the deadline the answer is "not
+        accepted" (``failed``/``timeout``) but the submit is left to finish (and is logged
+        when it does), since cutting a submit off midway could leave it half done. Any
+        exception is "not accepted" too.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.settings.accept_timeout_s
         try:
-            async with self._intake_slots:
-                outcome = await work()
-        except Exception as exc:
-            log.error("slack.inbound_failed", kind=kind, error=str(exc))
-            outcome = Outcome("failed", type(exc).__name__)
-        finally:
-            if task is not None:
-                self._inflight.discard(task)
+            async with asyncio.timeout_at(deadline):
+                await self._intake_slots.acquire()
+        except TimeoutError:
+            outcome = Outcome("failed", "busy")
+        else:
+            task = self._spawn(self._holding_slot(kind, work))
+            try:
+                outcome = await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                outcome = Outcome("failed", "timeout")
+                task.add_done_callback(lambda t: self._log_late(kind, t))
+        if not outcome.accepted:
+            log.warning("slack.not_acknowledged", kind=kind, reason=outcome.reason)
         if self._observer is not None:
             self._observer(kind, outcome)
+        return outcome
 
-    async def _on_event(self, body: dict[str, Any]) -> None:
+    async def _holding_slot(self, kind: str, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
+        try:
+            return await work()
+        except Exception as exc:
+            log.error("slack.inbound_failed", kind=kind, error=str(exc))
+            return Outcome("failed", type(exc).__name__)
+        finally:
+            self._intake_slots.release()
+
+    @staticmethod
+    def _log_late(kind: str, task: asyncio.Task[Outcome]) -> None:
+        if not task.cancelled():
+            outcome = task.result()
+            log.info("slack.inbound_finished_late", kind=kind, status=outcome.status, reason=outcome.reason)
+
+    def _spawn(self, work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+        """A task the channel waits for (bounded) when it stops."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._inflight.add(task)
+        task.add_done_callback(self._inflight.discard)
+        return task
+
+    async def _on_event(self, body: dict[str, Any]) -> BoltResponse | None:
         assert self._intake is not None
         intake = self._intake
-        await self._tracked("event", lambda: intake.on_event(body))
+        outcome = await self._accept("event", lambda: intake.on_event(body))
+        return None if outcome.accepted else _not_accepted(outcome)  # None: bolt acks
 
-    async def _on_command(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+    async def _on_command(self, ack: AsyncAck, body: dict[str, Any]) -> BoltResponse | None:
         assert self._commands is not None
         plan = self._commands.plan_command(body)
-        await ack(text=plan.ack_text, response_type="ephemeral")
 
         async def work() -> Outcome:
             assert self._commands is not None
             result = await self._commands.run_command(plan)
             if result is None:
                 return Outcome("denied" if plan.rejected == "denied" else "ignored", plan.rejected)
-            return Outcome("submitted", result.status)
+            return _submitted(result)
 
-        await self._tracked("command", work)
+        outcome = await self._accept("command", work)
+        if not outcome.accepted:
+            return _not_accepted(outcome)
+        await ack(text=plan.ack_text, response_type="ephemeral")
+        return None
 
-    async def _on_action(self, ack: AsyncAck, body: dict[str, Any]) -> None:
+    async def _on_action(self, ack: AsyncAck, body: dict[str, Any]) -> BoltResponse | None:
+        outcome = await self._accept("action", lambda: self._answer_approval(body))
+        if not outcome.accepted:
+            return _not_accepted(outcome)
         await ack()
-        await self._tracked("action", lambda: self._answer_approval(body))
+        return None
 
     async def _answer_approval(self, body: dict[str, Any]) -> Outcome:
         assert self._commands is not None
@@ -270,8 +343,12 @@ class SlackChannel:
         if answer is None:
             return Outcome("ignored", "not_admitted")
         result = await self._commands.submit_approval(answer)
-        if result.status not in ("command", "queued"):
-            return Outcome("submitted", result.status)
+        if result.status in ("command", "queued"):
+            self._spawn(self._mark_decided(answer))  # a Slack API call: not before the answer
+        return _submitted(result)
+
+    async def _mark_decided(self, answer: ApprovalAnswer) -> None:
+        """Replace the approval prompt's buttons with who decided what."""
         text, blocks = approval_decided(answer.message, answer.decision, answer.user)
         try:
             await self.api.call(
@@ -279,7 +356,8 @@ class SlackChannel:
             )
         except SlackCallError as exc:
             log.warning("slack.approval_update_failed", approval_id=answer.approval_id, error=exc.error)
-        return Outcome("submitted", result.status)
+        except Exception as exc:  # a background task: nobody else would see it
+            log.warning("slack.approval_update_failed", approval_id=answer.approval_id, error=repr(exc))
 
     # -- outbound ---------------------------------------------------------------------
     def format_parts(self, markdown: str) -> list[str]:

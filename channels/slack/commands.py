@@ -1,7 +1,8 @@
 """The ``/botd`` slash command and the approval buttons, as control RunRequests.
 
-Both are answered (acked) by the adapter at once; what they mean is decided here
-without I/O (:meth:`CommandIntake.plan_command`), and the submit comes after the ack.
+What they mean is decided here without I/O (:meth:`CommandIntake.plan_command`,
+:meth:`CommandIntake.parse_approval`); the adapter then submits, and acks only once the
+gateway accepted it (else Slack gets a 503 / no ack and shows the person an error).
 A slash command carries no thread, so in a channel it acts on the thread the person
 last talked to the bot in (remembered by intake.py), else on the channel itself.
 """

@@ -5,13 +5,17 @@ signature over ``v0:<timestamp>:<body>`` (constant-time, slack_sdk's verifier) a
 timestamp no older (or newer) than five minutes — else 401; then the body must be what
 Slack sends (a JSON object for events, a form with ``command`` or a JSON ``payload``
 for slash commands and interactivity, with no lone surrogate escape) — else 400. The
-request then goes to the bolt app, the same dispatch Socket Mode uses; bolt acks events
-at once and runs the listener after the answer, so Slack gets its 200 well within its
-3 seconds. Bolt trusts the shape of what it reads out of a payload (ids, ``actions``,
-``event.type``); where a payload breaks that, bolt logs the error and answers 500, and
-as every listener here acks before any I/O, such a 500 can only come from a payload
-Slack would not send: it is answered 400. Oversize bodies are refused by the HTTP
-server itself (``client_max_size``, also for chunked bodies: the body is read whole).
+request then goes to the bolt app, the same dispatch Socket Mode uses. The listener
+submits the event to the gateway *before* the answer (see adapter.py): 200 once it is
+accepted, 503 (:data:`NOT_ACCEPTED_STATUS`) when it could not be (Redis down, or no
+answer within ``accept_timeout_s``, which keeps the answer inside Slack's 3 seconds), so
+that Slack retries it with ``X-Slack-Retry-Num``; the retry is not taken for a duplicate
+of what was never accepted (intake.py). Bolt trusts the shape of what it reads out of a
+payload (ids, ``actions``, ``event.type``); where a payload breaks that, bolt logs the
+error and answers 500, and as every listener here turns its own failures into that 503,
+such a 500 can only come from a payload Slack would not send: it is answered 400.
+Oversize bodies are refused by the HTTP server itself (``client_max_size``, also for
+chunked bodies: the body is read whole).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from slack_sdk.signature import SignatureVerifier
 log = structlog.get_logger(__name__)
 
 MAX_AGE_S = 300
+# What a listener answers for a request the gateway did not accept (Slack retries 5xx).
+NOT_ACCEPTED_STATUS = 503
 
 Dispatch = Callable[[AsyncBoltRequest], Awaitable[BoltResponse]]
 Clock = Callable[[], float]
@@ -126,6 +132,8 @@ class SlackEventsEndpoint:
             log.warning("slack.http_malformed", reason=f"bolt cannot read the payload ({type(exc).__name__})")
             return _error(400, "payload is not shaped like Slack's")
         response = await self._dispatch(bolt_request)
+        if response.status == NOT_ACCEPTED_STATUS:  # the adapter has logged why
+            return _error(NOT_ACCEPTED_STATUS, "not accepted, retry later")
         if response.status >= 500:  # bolt has logged what broke (see the module docstring)
             log.warning("slack.http_malformed", reason="bolt could not dispatch the payload")
             return _error(400, "payload is not shaped like Slack's")

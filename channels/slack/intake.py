@@ -12,6 +12,24 @@ so there is one normalization path. What it decides:
 - Slack's retries (same ``event_id``) and the message/app_mention twins of one post
   (same team, channel, ts) give one submit;
 - ``stop`` / ``!stop`` as the whole message becomes ``/stop``.
+
+An event is *accepted* once the gateway has taken it (``submit`` answered anything but
+``error``); only then may the adapter acknowledge it to Slack. An :class:`Outcome` of
+``failed`` means it was not accepted: the adapter answers 503 (HTTP) or leaves the
+envelope unacked (Socket Mode), and Slack delivers it again. So that the redelivery is
+not mistaken for a duplicate, the dedupe claim on ``(team, channel, ts)`` is two-staged:
+
+- taken as ``pending:<event_id>`` with a short TTL (:data:`PENDING_TTL_S`) before the
+  submit, so a twin or a retry arriving meanwhile knows the post is being handled;
+- turned into ``done:<event_id>`` for 24 h once the gateway accepted the event, or
+  deleted when it did not. If the delete itself fails (Redis went away mid-way), the
+  pending claim just expires, and Slack's next retry is taken.
+
+A post whose claim is pending under another ``event_id`` (its twin) is a duplicate:
+should the twin not be accepted, Slack delivers that twin again. A post pending under
+this very ``event_id`` (an earlier attempt still in flight, or its claim left behind) is
+not accepted yet: Slack is asked to retry later. The gateway dedupes the same key again
+atomically with the enqueue, so an expired claim can never make a message run twice.
 """
 
 from __future__ import annotations
@@ -32,15 +50,17 @@ log = structlog.get_logger(__name__)
 DAY_S = 24 * 3600
 THREAD_TTL_S = 7 * DAY_S
 DEDUPE_TTL_S = DAY_S
+# Outlives one attempt to accept an event (the adapter answers Slack within 3 s), and is
+# short enough that a claim a failed attempt could not delete does not hold up Slack's
+# next retry (Slack retries after about 1 minute, then 5).
+PENDING_TTL_S = 10.0
+PENDING = "pending:"
+DONE = "done:"
 
 # Subtypes that are still a person's new message; every other subtype is ignored.
 _PERSON_SUBTYPES = frozenset({"", "thread_broadcast", "file_share", "me_message"})
 _STOP_WORDS = frozenset({"stop", "!stop"})
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
-
-
-def event_key(event_id: str) -> str:
-    return f"slack:event:{event_id}"
 
 
 def message_key(team: str, channel: str, ts: str) -> str:
@@ -66,10 +86,18 @@ class BotIdentity:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What became of one inbound event (logged, and handy in tests)."""
+    """What became of one inbound event (logged, and handy in tests).
+
+    ``failed`` means not accepted: Slack must deliver it again. Every other status is
+    final and may be acknowledged.
+    """
 
     status: Literal["submitted", "duplicate", "ignored", "denied", "failed"]
     reason: str = ""
+
+    @property
+    def accepted(self) -> bool:
+        return self.status != "failed"
 
 
 def is_dm_channel(channel: str, channel_type: str | None = None) -> bool:
@@ -129,22 +157,55 @@ class SlackIntake:
         if not text:
             return Outcome("ignored", "empty")
 
-        claimed: list[str] = []
-        if event_id:
-            if not await self._ctx.kv.set_nx(event_key(event_id), "1", DEDUPE_TTL_S):
-                return Outcome("duplicate", "event_id")
-            claimed.append(event_key(event_id))
         dedupe = message_key(team, channel, ts)
-        if not await self._ctx.kv.set_nx(dedupe, "1", DEDUPE_TTL_S):
-            return Outcome("duplicate", "message")
-        claimed.append(dedupe)
+        claim = PENDING + event_id
+        if not await self._ctx.kv.set_nx(dedupe, claim, PENDING_TTL_S):
+            return await self._claimed_before(dedupe, claim, event_id)
 
         control = text.lower() in _STOP_WORDS
-        request = await self._request(
-            team=team, channel=channel, user=user, ts=ts, thread_ts=thread_ts, is_dm=is_dm,
-            text="/stop" if control else text, control=control, dedupe=dedupe,
-        )  # fmt: skip
-        return await self._submit(request, claimed)
+        try:
+            request = await self._request(
+                team=team, channel=channel, user=user, ts=ts, thread_ts=thread_ts, is_dm=is_dm,
+                text="/stop" if control else text, control=control, dedupe=dedupe,
+            )  # fmt: skip
+            result = await self._ctx.submit(request)
+        except Exception as exc:
+            await self._release(dedupe)
+            log.error("slack.submit_failed", event_id=event_id, error=str(exc))
+            return Outcome("failed", type(exc).__name__)
+        if result.status == "error":
+            await self._release(dedupe)
+            log.error("slack.not_accepted", event_id=event_id, run_id=request.run_id, detail=result.detail)
+            return Outcome("failed", result.detail or "not accepted")
+        try:
+            await self._ctx.kv.set(dedupe, DONE + event_id, DEDUPE_TTL_S)
+        except Exception as exc:  # accepted all the same; the gateway's own dedupe still holds
+            log.warning("slack.dedupe_confirm_failed", key=dedupe, error=str(exc))
+        log.info(
+            "slack.submitted",
+            run_id=request.run_id,
+            session_key=request.session_key,
+            status=result.status,
+        )
+        return Outcome("submitted", result.status)
+
+    async def _claimed_before(self, dedupe: str, claim: str, event_id: str) -> Outcome:
+        """The post is claimed already: a duplicate, or (this event pending) not accepted yet."""
+        held = await self._ctx.kv.get(dedupe)
+        if held is None or held == claim:
+            # Released or expired meanwhile, or this very event is still being accepted
+            # (or its claim was left behind): not accepted yet, so Slack must retry.
+            return Outcome("failed", "in_flight")
+        if held.startswith(PENDING):
+            return Outcome("duplicate", "message")  # the twin; redelivered if it fails
+        return Outcome("duplicate", "event_id" if event_id and held == DONE + event_id else "message")
+
+    async def _release(self, dedupe: str) -> None:
+        """Free the claim so the redelivery is taken; if Redis is gone, it expires."""
+        try:
+            await self._ctx.kv.delete(dedupe)
+        except Exception as exc:
+            log.warning("slack.dedupe_release_failed", key=dedupe, error=str(exc))
 
     async def _request(
         self,
@@ -183,23 +244,3 @@ class SlackIntake:
             dedupe_key=dedupe,
             meta={"team": team, "scope": "dm" if is_dm else "channel"},
         )
-
-    async def _submit(self, request: RunRequest, claimed: list[str]) -> Outcome:
-        try:
-            result = await self._ctx.submit(request)
-        except Exception as exc:
-            # Free the dedupe keys so a redelivery of this message is not dropped.
-            for key in claimed:
-                try:
-                    await self._ctx.kv.delete(key)
-                except Exception as cleanup_exc:
-                    log.warning("slack.dedupe_release_failed", key=key, error=str(cleanup_exc))
-            log.error("slack.submit_failed", run_id=request.run_id, error=str(exc))
-            return Outcome("failed", type(exc).__name__)
-        log.info(
-            "slack.submitted",
-            run_id=request.run_id,
-            session_key=request.session_key,
-            status=result.status,
-        )
-        return Outcome("submitted", result.status)

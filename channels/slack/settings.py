@@ -29,7 +29,10 @@ class SlackSettings:
     api_timeout_s: float = 30.0
     connect_timeout_s: float = 10.0
     socket_ping_interval_s: float = 10.0
-    max_concurrent_intake: int = 32  # inbound events handled at once (the rest wait, already acked)
+    max_concurrent_intake: int = 32  # inbound events handled at once (the rest wait, unacknowledged)
+    # How long an inbound request may take to be accepted before Slack is answered 503 /
+    # left unacked (Slack wants its answer within 3 s and retries a 5xx).
+    accept_timeout_s: float = 2.5
 
     def __post_init__(self) -> None:
         if not self.bot_token:
@@ -42,6 +45,8 @@ class SlackSettings:
             raise ValueError("slack: signing_secret is required in http mode")
         if self.max_concurrent_intake < 1:
             raise ValueError("slack: max_concurrent_intake must be at least 1")
+        if not 0 < self.accept_timeout_s < 3:
+            raise ValueError("slack: accept_timeout_s must be above 0 and below Slack's 3 s")
         if not self.events_path.startswith("/"):
             raise ValueError("slack: events_path must start with '/'")
         # Accept lists from the config model as well as tuples.

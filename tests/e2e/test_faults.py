@@ -10,8 +10,9 @@ model, the fake Slack (HTTP Events) and the fake Telegram (webhook) inject the f
 * the chat platforms: failing and slow Web/Bot API calls (bounded retries, other chats
   keep being served; /metrics shows the event-loop lag);
 * Redis going down for a few seconds under load: botd stays alive (/healthz), reports
-  not ready (/readyz 503) until Redis is back, refuses webhooks it cannot store (5xx,
-  so the platform retries) and loses or repeats none of the messages it accepted.
+  not ready (/readyz 503) until Redis is back, refuses webhooks and Slack events it
+  cannot store (5xx, so the platform retries) and loses or repeats none of the messages
+  it accepted.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from tests.e2e.chat_rig import (
     telegram_texts,
 )
 from tests.fakes.openai_server import Reply
-from tests.fakes.slack_server import FakeSlack
+from tests.fakes.slack_server import FakeSlack, signed_json
 from tests.fakes.telegram_server import FakeTelegram
 
 pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
@@ -57,7 +58,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.asyncio(loop_scope="module")]
 MAX_RETRIES = 2  # llm.max_retries: at most 3 attempts per model call
 REQUEST_TIMEOUT_S = 3.0
 LOCK_TTL_S = 5.0
-SLACK_USERS = ["UFAST", "USLOW", "ULIMIT", "UOK"]
+SLACK_LOAD = ["ULOADA", "ULOADB"]
+SLACK_USERS = ["UFAST", "USLOW", "ULIMIT", "UOK", *SLACK_LOAD]
 TG_LLM = {"429": 5101, "500": 5102, "cut": 5103, "garbage": 5104, "timeout": 5105}
 TG_CHANNEL = {"flaky": 5201, "down": 5202, "fast": 5203}
 TG_LOAD = [5301, 5302, 5303]
@@ -188,6 +190,10 @@ async def rig(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Rig]:
 
 def tg_key(user: int) -> str:
     return f"agent:main:telegram:dm:{user}"
+
+
+def slack_key(user: str) -> str:
+    return f"agent:main:slack:dm:{user}"
 
 
 # -- the model fails ---------------------------------------------------------------------
@@ -347,12 +353,39 @@ async def test_redis_restart_under_load_loses_and_repeats_nothing(rig: Rig) -> N
             refused += 1
             await asyncio.sleep(0.3)
 
+    slack_accepted: list[str] = []
+    slack_refused = 0
+
+    async def slack_until_accepted(user: str, mark: str) -> None:
+        """Slack's Events API: an event answered 5xx (or not at all) is sent again, same
+        body and event_id, with X-Slack-Retry-Num counting up."""
+        nonlocal slack_refused
+        body = slack_dm_body(rig.slack, user, f"ssload{user.lower()} {mark} count this")
+        for attempt in range(1000):
+            raw, headers = signed_json(body, rig.slack.signing_secret)
+            if attempt:
+                headers.update({"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": "http_error"})
+            try:
+                async with rig.http.post(rig.bot.url + "/slack/events", data=raw, headers=headers) as resp:
+                    await resp.read()
+                    status = resp.status
+            except aiohttp.ClientError:
+                status = 0
+            if 200 <= status < 300:
+                slack_accepted.append(mark)
+                return
+            assert status >= 500 or status == 0, status
+            slack_refused += 1
+            await asyncio.sleep(0.3)
+
     async def load() -> None:
         pending = []
         for n in range(1000):
             if stop_sending.is_set():
                 break
             pending.append(asyncio.create_task(send_until_accepted(TG_LOAD[n % 3], f"mkload{n}")))
+            if n % 2:
+                pending.append(asyncio.create_task(slack_until_accepted(SLACK_LOAD[n // 2 % 2], f"mksl{n // 2}")))
             await asyncio.sleep(0.15)
         await asyncio.wait_for(asyncio.gather(*pending), 30)
 
@@ -377,15 +410,24 @@ async def test_redis_restart_under_load_loses_and_repeats_nothing(rig: Rig) -> N
     sent = {f"mkload{n}" for n in range(len(accepted))}
     assert set(accepted) == sent, "a message was never accepted"
     assert refused > 0, "the outage never refused a webhook (was Redis really down?)"
+    assert set(slack_accepted) == {f"mksl{n}" for n in range(len(slack_accepted))}, "a Slack event was never accepted"
+    assert slack_refused > 0, "the outage never refused a Slack event"
     await eventually(lambda: all(count_mark(telegram_texts(rig.tg), m) >= 1 for m in accepted), LOCK_TTL_S + 25,
                      f"answers to every accepted message\n{rig.bot.log()[-4000:]}")
+    await eventually(lambda: all(count_mark(slack_texts(rig.slack), m) >= 1 for m in slack_accepted), 15,
+                     f"answers to every accepted Slack event\n{rig.bot.log()[-4000:]}")
     await asyncio.sleep(2.0)
     texts = telegram_texts(rig.tg)
     counts = {m: count_mark(texts, m) for m in accepted}
     assert all(n == 1 for n in counts.values()), {m: n for m, n in counts.items() if n != 1}
+    slack_answers = slack_texts(rig.slack)
+    slack_counts = {m: count_mark(slack_answers, m) for m in slack_accepted}
+    assert all(n == 1 for n in slack_counts.values()), {m: n for m, n in slack_counts.items() if n != 1}
     await rig.healthy()
     for user in TG_LOAD:
         assert_valid_history(await rig.history(tg_key(user)))
+    for slack_user in SLACK_LOAD:
+        assert_valid_history(await rig.history(slack_key(slack_user)))
 
 
 async def eventually_status(bot: BotdProcess, path: str, wanted: int, within: float) -> None:

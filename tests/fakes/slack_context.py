@@ -2,6 +2,8 @@
 
 ``submit`` records RunRequests, the key-value store is real Redis (the test fixture's
 client), and ``add_route`` mounts handlers on a real aiohttp server on 127.0.0.1.
+``refuse(n)`` makes the next ``n`` submits answer ``error`` the way the gateway does
+when Redis is down (recorded in ``refused``, not in ``requests``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,8 @@ class RecordingContext:
         self.kv = kv
         self.status: Status = status
         self.fail_submit: Exception | None = None
+        self.refusals = 0
+        self.refused: list[RunRequest] = []
         self.requests: list[RunRequest] = []
         self.outcomes: list[tuple[str, Outcome]] = []
         self.routes: list[tuple[str, str, RouteHandler]] = []
@@ -84,9 +88,18 @@ class RecordingContext:
             replica_id="test-replica",
         )
 
+    def refuse(self, times: int) -> None:
+        """The next ``times`` submits answer ``SubmitResult("error")`` (not accepted)."""
+        self.refusals = times
+
     async def submit(self, request: RunRequest) -> SubmitResult:
         if self.fail_submit is not None:
             raise self.fail_submit
+        if self.refusals > 0:
+            self.refusals -= 1
+            self.refused.append(request)
+            await self._notify()
+            return SubmitResult("error", "store unavailable")
         self.requests.append(request)
         await self._notify()
         status: Status = self.status

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from collections.abc import AsyncIterator
@@ -304,7 +305,7 @@ async def fake_post_prompt(fake: FakeSlack, http: aiohttp.ClientSession) -> dict
     return data
 
 
-async def test_ack_is_sent_before_the_submit_finishes(
+async def test_the_answer_waits_until_the_event_is_accepted(
     fake: FakeSlack, rec: RecordingContext, url: str, http: aiohttp.ClientSession
 ) -> None:
     gate = asyncio.Event()
@@ -320,12 +321,102 @@ async def test_ack_is_sent_before_the_submit_finishes(
     rec.ctx.submit = slow_submit
     event = message_event("<@UBOT> slow", channel="C1", user="U1", ts="30.1", kind="app_mention")
     body, headers = signed_json(event_body(fake, event), fake.signing_secret)
-    status, _ = await asyncio.wait_for(post(http, url, body, headers), 3)
+    answer = asyncio.create_task(post(http, url, body, headers))
+    while "submit-started" not in order:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    assert not answer.done()  # no 200 for an event that is not stored yet
+    gate.set()
+    status, _ = await asyncio.wait_for(answer, 3)
     order.append("http-answered")
     assert status == 200
+    assert order == ["submit-started", "submit-done", "http-answered"]
+
+
+async def test_event_not_accepted_is_503_and_slacks_retry_is_taken_once(
+    fake: FakeSlack, rec: RecordingContext, url: str, http: aiohttp.ClientSession
+) -> None:
+    rec.refuse(2)  # the gateway answers "error" twice (Redis down), then takes it
+    event = message_event("<@UBOT> keep me", channel="C1", user="U1", ts="32.1", kind="app_mention")
+    body, headers = signed_json(event_body(fake, event, "EvDOWN"), fake.signing_secret)
+    statuses = []
+    for attempt in range(4):  # the first delivery, then Slack's retries
+        retry = {"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": "http_error"} if attempt else {}
+        status, text = await post(http, url, body, {**headers, **retry})
+        statuses.append(status)
+        if status == 503:
+            assert json.loads(text)["ok"] is False
+    assert statuses == [503, 503, 200, 200]
+    assert len(rec.refused) == 2
+    [req] = rec.requests
+    assert req.text == "keep me"
+    assert [o.status for _, o in rec.outcomes] == ["failed", "failed", "submitted", "duplicate"]
+
+
+async def test_store_error_is_503(
+    fake: FakeSlack, rec: RecordingContext, url: str, http: aiohttp.ClientSession
+) -> None:
+    rec.fail_submit = ConnectionError("Redis is down")
+    event = message_event("hello", channel="D5", user="U1", ts="33.1", channel_type="im")
+    body, headers = signed_json(event_body(fake, event, "EvRAISE"), fake.signing_secret)
+    assert (await post(http, url, body, headers))[0] == 503
+    rec.fail_submit = None
+    retry = {**headers, "X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_error"}
+    assert (await post(http, url, body, retry))[0] == 200
+    assert [r.text for r in rec.requests] == ["hello"]
+
+
+async def test_submit_slower_than_the_deadline_is_503_within_3_s(
+    fake: FakeSlack, rec: RecordingContext, channel: SlackChannel, url: str, http: aiohttp.ClientSession
+) -> None:
+    channel.settings = dataclasses.replace(channel.settings, accept_timeout_s=0.5)
+    gate = asyncio.Event()
+    original = rec.submit
+
+    async def stuck_submit(request: RunRequest) -> SubmitResult:
+        await gate.wait()
+        return await original(request)
+
+    rec.ctx.submit = stuck_submit
+    event = message_event("hello slow store", channel="D5", user="U1", ts="34.1", channel_type="im")
+    body, headers = signed_json(event_body(fake, event, "EvSLOW"), fake.signing_secret)
+    started = time.monotonic()
+    status, _ = await post(http, url, body, headers)
+    assert status == 503 and time.monotonic() - started < 1.5
+    # The submit was not cut off: it finishes, and Slack's retry then finds it accepted.
     gate.set()
     await rec.wait_requests(1)
-    assert order.index("http-answered") < order.index("submit-done")
+    await asyncio.sleep(0.1)
+    retry = {**headers, "X-Slack-Retry-Num": "1", "X-Slack-Retry-Reason": "http_timeout"}
+    assert (await post(http, url, body, retry))[0] == 200
+    assert len(rec.requests) == 1
+
+
+async def test_slash_command_not_accepted_is_503(
+    fake: FakeSlack, rec: RecordingContext, url: str, http: aiohttp.ClientSession
+) -> None:
+    rec.refuse(1)
+    fields = slash_command("stop", channel="D5", user="U1", team_id=fake.team_id)
+    body, headers = signed_form(fields, fake.signing_secret)
+    assert (await post(http, url, body, headers))[0] == 503
+    status, text = await post(http, url, *signed_form(fields, fake.signing_secret))
+    assert status == 200 and "Stopping" in json.loads(text)["text"]
+    assert [r.text for r in rec.requests] == ["/stop"]
+
+
+async def test_approval_button_not_accepted_is_503_and_leaves_the_prompt(
+    fake: FakeSlack, rec: RecordingContext, url: str, http: aiohttp.ClientSession
+) -> None:
+    posted = await fake_post_prompt(fake, http)
+    payload = block_action("botd_approve", "appr8", user="U1", channel="C1", team_id=fake.team_id,
+                           message_ts=posted["ts"], message=posted["message"])  # fmt: skip
+    rec.refuse(1)
+    assert (await post(http, url, *signed_interactive(payload, fake.signing_secret)))[0] == 503
+    assert rec.requests == [] and fake.calls_to("chat.update") == []
+    assert (await post(http, url, *signed_interactive(payload, fake.signing_secret)))[0] == 200
+    [req] = rec.requests
+    assert req.text == "/approve appr8"
+    await fake.wait_calls("chat.update", 1)
 
 
 async def test_after_stop_the_route_answers_503(

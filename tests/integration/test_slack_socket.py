@@ -93,11 +93,14 @@ async def test_twins_and_retries_submit_once(
     fake: FakeSlack, rec: RecordingContext, channel: SlackChannel
 ) -> None:
     post = {"channel": "C1", "user": "U1", "ts": "3.1"}
-    await fake.push_event(message_event("<@UBOT> twin", **post), event_id="EvA")
-    await fake.push_event(message_event("<@UBOT> twin", kind="app_mention", **post), event_id="EvB")
-    await fake.push_event(
+    first = await fake.push_event(message_event("<@UBOT> twin", **post), event_id="EvA")
+    twin = await fake.push_event(message_event("<@UBOT> twin", kind="app_mention", **post), event_id="EvB")
+    await fake.wait_ack(first)
+    await fake.wait_ack(twin)
+    retry = await fake.push_event(
         message_event("<@UBOT> twin", kind="app_mention", **post), event_id="EvB", retry_attempt=1
     )
+    await fake.wait_ack(retry)
     outcomes = await rec.wait_outcomes(3)
     assert sorted(o.status for _, o in outcomes) == ["duplicate", "duplicate", "submitted"]
     assert len(rec.requests) == 1
@@ -182,18 +185,68 @@ async def test_inbound_concurrency_is_bounded(fake: FakeSlack, rec: RecordingCon
     await ch.start(rec.ctx)
     await fake.wait_connected()
     try:
-        for i in range(5):
-            envelope = await fake.push_event(
+        envelopes = [
+            await fake.push_event(
                 message_event(f"m{i}", channel="D5", user="U1", ts=f"20.{i}", channel_type="im")
             )
-            await fake.wait_ack(envelope)  # every event is acked at once, even while others wait
+            for i in range(5)
+        ]
         await asyncio.wait_for(two_started.wait(), 5)
         await asyncio.sleep(0.1)
         assert len(started) == 2
+        assert not any(e in fake.acks for e in envelopes)  # none acked before it is accepted
         gate.set()
-        await rec.wait_requests(5)
+        for envelope in envelopes:
+            await fake.wait_ack(envelope)
+        assert len(await rec.wait_requests(5)) == 5
     finally:
         await ch.stop()
+
+
+async def test_event_not_accepted_is_not_acked_and_its_redelivery_is(
+    fake: FakeSlack, rec: RecordingContext, channel: SlackChannel
+) -> None:
+    rec.refuse(1)  # the gateway answers "error" once (Redis down), then takes it
+    event = message_event("<@UBOT> keep me", channel="C1", user="U1", ts="12.1", kind="app_mention")
+    first = await fake.push_event(event, event_id="EvDOWN")
+    [(_, outcome)] = await rec.wait_outcomes(1)
+    assert outcome.status == "failed"
+    await asyncio.sleep(0.2)
+    assert first not in fake.acks  # Slack redelivers an envelope that is not acked
+    again = await fake.push_event(event, event_id="EvDOWN", retry_attempt=1)
+    assert await fake.wait_ack(again) == {"envelope_id": again}
+    [req] = await rec.wait_requests(1)
+    assert req.text == "keep me"
+    assert len(rec.refused) == 1
+    assert first not in fake.acks
+
+
+async def test_store_error_leaves_the_envelope_unacked(
+    fake: FakeSlack, rec: RecordingContext, channel: SlackChannel
+) -> None:
+    rec.fail_submit = ConnectionError("Redis is down")
+    event = message_event("hello", channel="D5", user="U1", ts="12.2", channel_type="im")
+    first = await fake.push_event(event, event_id="EvRAISE")
+    await rec.wait_outcomes(1)
+    rec.fail_submit = None
+    again = await fake.push_event(event, event_id="EvRAISE", retry_attempt=1)
+    await fake.wait_ack(again)
+    assert first not in fake.acks
+    assert [r.text for r in await rec.wait_requests(1)] == ["hello"]
+
+
+async def test_slash_command_not_accepted_is_not_acked(
+    fake: FakeSlack, rec: RecordingContext, channel: SlackChannel
+) -> None:
+    rec.refuse(1)
+    fields = slash_command("stop", channel="D5", user="U1", team_id=fake.team_id)
+    refused = await fake.send_envelope("slash_commands", fields)
+    await rec.wait_outcomes(1)
+    await asyncio.sleep(0.2)
+    assert refused not in fake.acks and rec.requests == []
+    ack = await fake.wait_ack(await fake.send_envelope("slash_commands", fields))
+    assert "Stopping" in ack["payload"]["text"]
+    assert [r.text for r in rec.requests] == ["/stop"]
 
 
 async def test_approval_prompt_and_button_press(

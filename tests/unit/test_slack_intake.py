@@ -125,8 +125,9 @@ async def test_retried_event_id_submits_once(rec: RecordingContext) -> None:
     again = await intake.on_event(body(event, "EvRETRY1"))
     assert (again.status, again.reason) == ("duplicate", "event_id")
     assert len(rec.requests) == 1
-    assert await rec.kv.get("slack:event:EvRETRY1") == "1"
-    assert 23 * 3600 < await rec.kv.ttl("slack:event:EvRETRY1") <= 24 * 3600
+    key = f"slack:{TEAM}:C1:600.1"
+    assert await rec.kv.get(key) == "done:EvRETRY1"
+    assert 23 * 3600 < await rec.kv.ttl(key) <= 24 * 3600
 
 
 @pytest.mark.parametrize("word", ["stop", "!stop", "STOP", "  !Stop  "])
@@ -248,6 +249,52 @@ async def test_failed_submit_releases_dedupe_keys(rec: RecordingContext) -> None
     assert (outcome.status, outcome.reason) == ("failed", "ConnectionError")
     rec.fail_submit = None
     assert (await intake.on_event(body(event, "EvFAIL"))).status == "submitted"
+    assert len(rec.requests) == 1
+
+
+async def test_refused_submit_is_not_accepted_and_the_retry_is_taken(rec: RecordingContext) -> None:
+    intake = make_intake(rec)
+    rec.refuse(2)
+    event = mention("<@UBOT> hi", "13.2")
+    for _ in range(2):  # the gateway answers "error": not accepted, and the claim is freed
+        outcome = await intake.on_event(body(event, "EvREFUSED"))
+        assert (outcome.status, outcome.reason, outcome.accepted) == ("failed", "store unavailable", False)
+        assert await rec.kv.get(f"slack:{TEAM}:C1:13.2") is None
+    retried = await intake.on_event(body(event, "EvREFUSED"))
+    assert (retried.status, retried.accepted) == ("submitted", True)
+    assert len(rec.refused) == 2 and len(rec.requests) == 1
+    assert (await intake.on_event(body(event, "EvREFUSED"))).status == "duplicate"
+
+
+async def test_store_down_before_the_claim_is_not_accepted(rec: RecordingContext) -> None:
+    class DownKeyValue:
+        async def set_nx(self, key: str, value: str, ttl_s: float) -> bool:
+            raise ConnectionError("Redis is down")
+
+    intake = make_intake(rec)
+    real_kv = rec.ctx.kv
+    rec.ctx.kv = DownKeyValue()  # type: ignore[assignment]
+    event = mention("<@UBOT> hi", "13.3")
+    with pytest.raises(ConnectionError):  # the adapter turns this into "not accepted"
+        await intake.on_event(body(event, "EvDOWN"))
+    rec.ctx.kv = real_kv
+    assert (await intake.on_event(body(event, "EvDOWN"))).status == "submitted"
+
+
+async def test_claim_left_behind_by_a_failed_release_expires(rec: RecordingContext) -> None:
+    intake = make_intake(rec)
+    event = mention("<@UBOT> hi", "13.4")
+    key = f"slack:{TEAM}:C1:13.4"
+    # Redis went away after the claim: the submit failed and so did the delete.
+    await rec.kv.set_nx(key, "pending:EvSTUCK", 10.0)
+    again = await intake.on_event(body(event, "EvSTUCK"))
+    assert (again.status, again.reason) == ("failed", "in_flight")  # retried, not a duplicate
+    assert 0 < await rec.kv.ttl(key) <= 10
+    # The twin (another event of the same post) leaves it to the pending event.
+    twin = message_event("<@UBOT> hi", channel="C1", user="U1", ts="13.4")
+    assert (await intake.on_event(body(twin, "EvTWIN"))).status == "duplicate"
+    await rec.kv.delete(key)  # what the expiry does
+    assert (await intake.on_event(body(event, "EvSTUCK"))).status == "submitted"
     assert len(rec.requests) == 1
 
 
