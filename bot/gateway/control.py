@@ -64,6 +64,9 @@ class ControlCommands:
     async def first_time(self, dedupe_key: str) -> bool:
         return await self._deduper.first_time(dedupe_key)
 
+    async def forget(self, dedupe_key: str) -> None:
+        await self._deduper.forget(dedupe_key)
+
     async def handle(self, command: Command, req: RunRequest, gateway: GatewayOps) -> None:
         metrics.COMMANDS.labels(command.name).inc()
         log.info("command", command=command.name, session_key=req.session_key, user_id=req.user_id)

@@ -126,7 +126,14 @@ class Gateway:
                 if req.dedupe_key and not await self.control.first_time(req.dedupe_key):
                     metrics.DEDUPE_HITS.labels(req.channel).inc()
                     return SubmitResult("duplicate")
-                await self.control.handle(command, req, self)
+                try:
+                    await self.control.handle(command, req, self)
+                except RedisError:
+                    # Not done: let the platform's retry through instead of calling it a duplicate.
+                    if req.dedupe_key:
+                        with contextlib.suppress(RedisError):
+                            await self.control.forget(req.dedupe_key)
+                    raise
                 return SubmitResult("command", command.name)
             enqueued = await self.inbox.enqueue(req, self.cfg.queue.cap, dedupe_key=req.dedupe_key)
         except RedisError as exc:
