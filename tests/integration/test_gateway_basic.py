@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from agent.guard import BLOCKED_REASON
 from bot.gateway.commands import HELP_TEXT
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
@@ -174,3 +176,29 @@ async def test_help_status_and_new(tmp_path: Path, redis_url: str, redis_prefix:
         await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 3)
         assert request_texts(fake.requests[-1]) == ["fresh start"]
         assert [s.kind for s in bot.channel.sent if s.kind != "notice"] == ["part"] * 3
+
+
+async def test_a_command_that_failed_half_way_is_run_again_on_the_retry(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        control = bot.gateway.control
+        real_handle = control.handle
+        calls = 0
+
+        async def flaky_handle(*args: object, **kwargs: object) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise RedisConnectionError("store went away")
+            await real_handle(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(control, "handle", flaky_handle)
+        first = await bot.send("/help", dedupe_key="update:help")
+        assert first.status == "error"
+        second = await bot.send("/help", dedupe_key="update:help")
+        assert second.status == "command"
+        await bot.channel.wait_for(lambda ch: any("Commands:" in t for t in ch.texts("notice")))
+        assert calls == 2
