@@ -37,6 +37,9 @@ BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 1.0
 HEALTH_CHECK_INTERVAL_S = 30
 OPEN_TIMEOUT_S = 10.0  # the first PING, retries included
+# redis-py 8 caps a pool at 100 connections by default and fails the 101st concurrent
+# command at once (MaxConnectionsError); busy replicas run far more commands at a time.
+MAX_CONNECTIONS = 10_000
 # Blocking commands (BLPOP, XREAD BLOCK …) must return before the socket timeout fires,
 # or redis-py treats the wait as a dead connection and retries it.
 MAX_BLOCKING_S = 4.0
@@ -79,6 +82,7 @@ def create_client(url: str, **overrides: Any) -> aioredis.Redis:
         "retry": Retry(ExponentialBackoff(cap=BACKOFF_CAP_S, base=BACKOFF_BASE_S), RETRIES),
         "retry_on_error": [RedisConnectionError, RedisTimeoutError],
         "health_check_interval": HEALTH_CHECK_INTERVAL_S,
+        "max_connections": MAX_CONNECTIONS,
     }
     options.update(overrides)
     try:
