@@ -1,0 +1,219 @@
+"""Helpers shared by the benchmark scripts: percentiles, tables, JSON reports, process
+memory and CPU, the fake OpenAI server in a subprocess, and a Redis to measure against.
+
+Scripts import it as ``bench.common`` (run them from the repository root, or let them
+put the root on ``sys.path`` as ``bench/gateway.py`` does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ---- statistics ---------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile, ``q`` in 0..100; NaN for no values."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = min(len(ordered), max(1, math.ceil(q / 100 * len(ordered))))
+    return ordered[rank - 1]
+
+
+def summary_ms(seconds: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/max in milliseconds (rounded to µs) of samples given in seconds."""
+    ms = [s * 1000 for s in seconds]
+    return {
+        "n": len(ms),
+        "p50_ms": round(percentile(ms, 50), 3),
+        "p90_ms": round(percentile(ms, 90), 3),
+        "p99_ms": round(percentile(ms, 99), 3),
+        "max_ms": round(max(ms), 3) if ms else float("nan"),
+    }
+
+
+# ---- output -------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], *, markdown: bool = False) -> str:
+    """A plain-text (or Markdown) table; numbers right-aligned, the first column left."""
+    cells = [[_cell(v) for v in row] for row in rows]
+    if markdown:
+        align = ["---"] + ["---:"] * (len(headers) - 1)
+        lines = ["| " + " | ".join(headers) + " |", "|" + "|".join(align) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in cells]
+        return "\n".join(lines)
+    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(
+            v.ljust(w) if i == 0 else v.rjust(w) for i, (v, w) in enumerate(zip(values, widths, strict=True))
+        )
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in cells)])
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        if value != value:  # NaN
+            return "–"
+        if abs(value) >= 100:
+            return f"{value:.0f}"
+        if abs(value) >= 10:
+            return f"{value:.1f}"
+        return f"{value:.2f}"
+    return str(value)
+
+
+def machine() -> dict[str, Any]:
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
+    }
+
+
+def report_header(name: str, script: str) -> dict[str, Any]:
+    """The fields every report starts with: name, exact command, machine, time."""
+    return {
+        "benchmark": name,
+        "command": " ".join([".venv/bin/python", script, *sys.argv[1:]]),
+        **machine(),
+        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def write_json(path: Path, data: Any) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    print(f"wrote {shown}", flush=True)
+
+
+# ---- processes ----------------------------------------------------------------------
+
+
+def rss_bytes(pid: int | None = None) -> int:
+    """Resident set size of a process (this one by default)."""
+    return int(psutil.Process(pid or os.getpid()).memory_info().rss)
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """User + system CPU time of a process (this one by default)."""
+    times = psutil.Process(pid or os.getpid()).cpu_times()
+    return float(times.user + times.system)
+
+
+def mib(n: float) -> float:
+    return round(n / 2**20, 1)
+
+
+class RssSampler:
+    """Samples this process' RSS in the background; ``peak`` is the highest seen."""
+
+    def __init__(self, interval_s: float = 0.1) -> None:
+        self.interval_s = interval_s
+        self.peak = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> RssSampler:
+        self.peak = rss_bytes()
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self.peak = max(self.peak, rss_bytes())
+
+    async def _run(self) -> None:
+        process = psutil.Process()
+        while True:
+            self.peak = max(self.peak, int(process.memory_info().rss))
+            await asyncio.sleep(self.interval_s)
+
+
+@dataclass
+class FakeLLM:
+    """The fake OpenAI server running in a subprocess."""
+
+    process: asyncio.subprocess.Process
+    base_url: str  # http://127.0.0.1:PORT/v1
+
+    @property
+    def root(self) -> str:
+        return self.base_url.removesuffix("/v1")
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+
+@contextlib.asynccontextmanager
+async def fake_llm_subprocess(latency_ms: float = 0.0, chunk_delay_ms: float = 0.0) -> AsyncIterator[FakeLLM]:
+    """``python -m tests.fakes.openai_server`` in a subprocess, so its CPU time is not
+    charged to the measured process; yields once it printed its address."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.fakes.openai_server", "--port", "0",
+        "--latency-ms", str(latency_ms), "--chunk-delay-ms", str(chunk_delay_ms),
+        cwd=ROOT, stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().strip()
+        if not line.startswith("listening on "):
+            raise RuntimeError(f"the fake OpenAI server did not start: {line!r}")
+        yield FakeLLM(proc, line.removeprefix("listening on "))
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), 10)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+@contextlib.contextmanager
+def temp_workspace(prefix: str = "botd-bench-") -> Any:
+    """A temporary directory for a workspace (and the embedded Valkey it starts).
+
+    Under /tmp rather than a deep path: the Valkey unix socket path must stay short.
+    """
+    with tempfile.TemporaryDirectory(prefix=prefix, dir="/tmp") as tmp:
+        yield Path(tmp)
+
+
+def redis_url_from_env(explicit: str | None) -> str | None:
+    """``--redis-url``, else ``REDIS_URL``, else None (the embedded Valkey)."""
+    return explicit or os.environ.get("REDIS_URL") or None
+
+
+def child_pid(match: str) -> int | None:
+    """The first child process whose command line contains ``match`` (e.g. the
+    embedded valkey-server), to read its CPU time and memory."""
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if match in " ".join(child.cmdline()):
+                return child.pid
+    return None
