@@ -250,7 +250,7 @@ class Gateway:
                     return
                 held = True
                 try:
-                    await self._drain(session_key)
+                    await self._drain(session_key, lock)
                 finally:
                     with contextlib.suppress(Exception):
                         await asyncio.shield(lock.release())
@@ -265,9 +265,19 @@ class Gateway:
                 if await self.inbox.waiting(session_key) or await self.inbox.running(session_key):
                     self._kick(session_key)
 
-    async def _drain(self, session_key: str) -> None:
+    async def _drain(self, session_key: str, lock: SessionLock) -> None:
+        """Run the session's batches while holding its lock.
+
+        Stops when the lock is no longer held (a run only notices a lost lock while it is
+        registered as active; between runs this check does it), and after a batch when
+        other sessions wait for a run slot, so one busy chat cannot keep a slot forever:
+        the worker then goes to the back of the queue.
+        """
         first = True
         while not self._closing:
+            if not lock.is_held:
+                log.warning("worker.lock_lost_between_runs", session_key=session_key)
+                return
             batch = await self.inbox.running(session_key)
             if batch:
                 batch = await self._retry_guard(session_key, batch)
@@ -281,11 +291,13 @@ class Gateway:
             if not batch:
                 await self.inbox.finish(session_key)
                 return
-            outcome = await self._run(session_key, batch)
+            outcome = await self._run(session_key, batch, lock)
             if outcome is None:
                 return  # left for a retry (shutdown, lock lost, store error)
             if not await self.inbox.finish(session_key):
                 return
+            if self._slots.locked():
+                return  # others are waiting for a slot; the re-kick in _serve requeues us
 
     async def _retry_guard(self, session_key: str, batch: list[RunRequest]) -> list[RunRequest]:
         """Resume a batch a previous holder left; give up on it after MAX_ATTEMPTS."""
@@ -304,8 +316,10 @@ class Gateway:
 
     async def _debounce(self, session_key: str) -> None:
         delay = self.cfg.queue.debounce_ms / 1000
+        if delay <= 0:
+            return
         head = await self.inbox.peek(session_key)
-        if delay <= 0 or head is None or head.kind != "chat":
+        if head is None or head.kind != "chat":
             return
         seen = await self.inbox.waiting(session_key)
         for _ in range(10):
@@ -325,11 +339,14 @@ class Gateway:
             raise asyncio.CancelledError
         return taken
 
-    async def _run(self, session_key: str, batch: list[RunRequest]) -> RunOutcome | None:
+    async def _run(self, session_key: str, batch: list[RunRequest], lock: SessionLock) -> RunOutcome | None:
         task = asyncio.current_task()
         assert task is not None
         active = ActiveRun(task=task, started_at=await server_time(self._r), run_id=batch[0].run_id)
         self._active[session_key] = active
+        if not lock.is_held:  # lost while we were registering: on_lost found nothing to cancel
+            self._active.pop(session_key, None)
+            return None
         timeout = float(batch[0].meta.get("timeout_s") or self.cfg.gateway.run_timeout_s)
         timer = asyncio.get_running_loop().call_later(timeout, self._cancel_local, session_key, "timeout")
         outcome: RunOutcome | None
