@@ -51,8 +51,6 @@ class ControlCommands:
         model: str,
         context_window: int,
     ) -> None:
-        self._r = client
-        self._prefix = prefix
         self._deduper = Deduper(client, Keys(prefix))
         self._channels = channels
         self._sessions = sessions

@@ -73,7 +73,6 @@ class Gateway:
         prefix = cfg.redis.prefix
         self.cfg = cfg
         self._r = client
-        self._prefix = prefix
         self.executor = executor
         self.channels = channels
         self.inbox = Inbox(client, prefix)
@@ -301,8 +300,11 @@ class Gateway:
 
     async def _retry_guard(self, session_key: str, batch: list[RunRequest]) -> list[RunRequest]:
         """Resume a batch a previous holder left; give up on it after MAX_ATTEMPTS."""
-        attempts = await self._r.incr(f"{self._prefix}:attempts:{batch[0].run_id}")
-        await self._r.expire(f"{self._prefix}:attempts:{batch[0].run_id}", 86400)
+        key = self._keys.key("attempts", batch[0].run_id)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.incr(key)
+        pipe.expire(key, 86400)
+        attempts, _ = await pipe.execute()
         log.info("run.resuming", session_key=session_key, run_id=batch[0].run_id, attempt=attempts)
         if attempts <= MAX_ATTEMPTS:
             return batch
