@@ -194,12 +194,23 @@ def _slack(r: dict[str, Any]) -> str:
     )
 
 
+def _replicas(r: dict[str, Any]) -> str:
+    return "; ".join(
+        f"{row['replicas']} replica(s), {row['sessions']}×{row['messages_per_session']} at {row['latency_ms']:g} ms: "
+        f"{row['seconds']} s, {row['vs_ideal']}× ideal, {row['messages_per_s']} msg/s, "
+        f"p50/p99 {row['latency']['p50_s']}/{row['latency']['p99_s']} s"
+        f"{'' if row['exactly_once'] else ', NOT exactly once'}"
+        for row in r["results"]
+    )
+
+
 SUMMARIZERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "loop_overhead": _loop_overhead,
     "text_throughput": _text_throughput,
     "store_ops": _store_ops,
     "gateway": _gateway,
     "slack": _slack,
+    "replicas": _replicas,
 }
 
 
