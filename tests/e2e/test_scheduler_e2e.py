@@ -19,7 +19,6 @@ import json
 import shutil
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -32,6 +31,7 @@ import pytest_asyncio
 import redis.asyncio as aioredis
 
 from tests.e2e.botd_process import BOTD, BotdProcess, botd_run, clean_env, free_port, write_config
+from tests.fakes.marker_router import Router, last_user_text
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.fakes.telegram_server import FakeTelegram, SentMessage
 
@@ -98,35 +98,8 @@ async def until(
 # -- the fake model: replies chosen by a marker word in the last user message ------------
 
 
-def last_user_text(body: dict[str, Any]) -> str:
-    for message in reversed(body.get("messages") or []):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):
-                return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            return str(content or "")
-    return ""
-
-
 def tool_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "tool"]
-
-
-class Router:
-    """FakeOpenAI responder: ``on(marker, *replies)`` scripts the answers to one test's requests."""
-
-    def __init__(self) -> None:
-        self._routes: dict[str, deque[Reply]] = {}
-
-    def on(self, marker: str, *replies: Reply) -> None:
-        self._routes.setdefault(marker, deque()).extend(replies)
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        text = last_user_text(body)
-        for marker, queue in self._routes.items():
-            if marker in text and queue:
-                return queue.popleft()
-        return Reply.text("unscripted answer")
 
 
 # -- one botd for the module --------------------------------------------------------------
@@ -253,7 +226,7 @@ async def sched(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Asy
     (workspace / "HEARTBEAT.md").write_text("# Heartbeat\n\n- look around\n", encoding="utf-8")
     prefix = f"e2esched{uuid.uuid4().hex[:8]}"
     port = free_port()
-    router = Router()
+    router = Router(default=lambda _text: Reply.text("unscripted answer"))
     async with FakeTelegram(TOKEN) as tg, FakeOpenAI(responder=router) as llm:
         config = {
             "agent": {"id": AGENT, "workspace": str(workspace)},

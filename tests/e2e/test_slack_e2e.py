@@ -16,7 +16,6 @@ import json
 import shutil
 import time
 import uuid
-from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +26,7 @@ import pytest
 import pytest_asyncio
 
 from tests.e2e.botd_process import BotdProcess, botd_run, free_port, write_config
+from tests.fakes.marker_router import Router, last_user_text
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.fakes.slack_server import (
     FakeSlack,
@@ -91,33 +91,6 @@ async def eventually(predicate: Callable[[], bool], within: float = 10.0, what: 
 
 
 # -- the fake model: replies chosen by a marker word in the last user message ------------
-
-
-def last_user_text(body: dict[str, Any]) -> str:
-    for message in reversed(body.get("messages") or []):
-        if isinstance(message, dict) and message.get("role") == "user":
-            content = message.get("content")
-            if isinstance(content, list):
-                return "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            return str(content or "")
-    return ""
-
-
-class Router:
-    """FakeOpenAI responder: ``on(marker, *replies)`` scripts the answers to one test's messages."""
-
-    def __init__(self) -> None:
-        self._routes: dict[str, deque[Reply]] = {}
-
-    def on(self, marker: str, *replies: Reply) -> None:
-        self._routes[marker] = deque(replies)
-
-    def __call__(self, body: dict[str, Any]) -> Reply:
-        text = last_user_text(body)
-        for marker, queue in self._routes.items():
-            if marker in text and queue:
-                return queue.popleft()
-        return Reply.text(f"echo: {text}")
 
 
 # -- one botd per transport ---------------------------------------------------------------
