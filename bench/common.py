@@ -50,6 +50,17 @@ def summary_ms(seconds: Sequence[float]) -> dict[str, float]:
     }
 
 
+def seconds_summary(values: Sequence[float]) -> dict[str, float]:
+    """p50/p90/p99/max in seconds (rounded to ms) of samples given in seconds."""
+    return {
+        "n": len(values),
+        "p50_s": round(percentile(values, 50), 3),
+        "p90_s": round(percentile(values, 90), 3),
+        "p99_s": round(percentile(values, 99), 3),
+        "max_s": round(max(values), 3) if values else float("nan"),
+    }
+
+
 # ---- output -------------------------------------------------------------------------
 
 
@@ -120,6 +131,22 @@ def cpu_seconds(pid: int | None = None) -> float:
     """User + system CPU time of a process (this one by default)."""
     times = psutil.Process(pid or os.getpid()).cpu_times()
     return float(times.user + times.system)
+
+
+def proc_cpu(pid: int | None) -> float:
+    """``cpu_seconds`` of another process; NaN when there is none (or it is gone)."""
+    if pid is None:
+        return float("nan")
+    try:
+        return cpu_seconds(pid)
+    except psutil.Error:
+        return float("nan")
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent not idle (all cores)."""
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0))
 
 
 def mib(n: float) -> float:
@@ -207,6 +234,13 @@ def temp_workspace(prefix: str = "botd-bench-") -> Any:
 def redis_url_from_env(explicit: str | None) -> str | None:
     """``--redis-url``, else ``REDIS_URL``, else None (the embedded Valkey)."""
     return explicit or os.environ.get("REDIS_URL") or None
+
+
+async def command_calls(client: Any) -> dict[str, int]:
+    """Calls per command name a Redis server has processed so far (INFO commandstats;
+    the INFO calls themselves included)."""
+    stats = await client.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items() if isinstance(v, dict)}
 
 
 def child_pid(match: str) -> int | None:

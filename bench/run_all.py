@@ -36,7 +36,8 @@ README = BENCH / "README.md"
 RESULTS = BENCH / "results.json"
 BEGIN, END = "<!-- run_all:begin -->", "<!-- run_all:end -->"
 
-# Known scripts, in the order they run; any other bench/*.py runs after them.
+# Known scripts, in the order they run; any other bench/*.py runs after them. A module
+# without a ``__main__`` block (the parts a script imports) is not a benchmark.
 ORDER = ("loop_overhead", "text_throughput", "store_ops", "gateway", "telegram", "slack")
 NOT_BENCHMARKS = {"common", "run_all", "__init__"}
 QUICK_ARGS: dict[str, list[str]] = {
@@ -49,9 +50,14 @@ QUICK_ARGS: dict[str, list[str]] = {
 
 
 def discover() -> list[Path]:
-    scripts = {p.stem: p for p in BENCH.glob("*.py") if p.stem not in NOT_BENCHMARKS and not p.stem.startswith("_")}
+    scripts = {p.stem: p for p in BENCH.glob("*.py")
+               if p.stem not in NOT_BENCHMARKS and not p.stem.startswith("_") and _runnable(p)}
     ordered = [scripts.pop(name) for name in ORDER if name in scripts]
     return ordered + [scripts[name] for name in sorted(scripts)]
+
+
+def _runnable(path: Path) -> bool:
+    return 'if __name__ == "__main__":' in path.read_text()
 
 
 def quick_args(script: Path) -> list[str]:
