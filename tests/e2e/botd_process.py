@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -17,6 +18,27 @@ import yaml
 
 BOTD = [sys.executable, "-m", "bot.cli"]
 REPO = Path(__file__).resolve().parents[2]
+
+# A read tool and an admin tool (which needs approval) for tests that drive tool calls.
+ECHO = shutil.which("echo") or "/bin/echo"
+ECHO_TOOLS_YAML = f"""
+tools:
+  - name: say
+    description: Print a text.
+    category: read
+    cmd: {ECHO}
+    args: ["{{{{text}}}}"]
+    parameters:
+      text: {{type: string, maxLength: 200}}
+  - name: admin_echo
+    description: Print a text (needs approval).
+    category: admin
+    cmd: {ECHO}
+    args: ["admin-says", "{{{{text}}}}"]
+    parameters:
+      text: {{type: string, maxLength: 200}}
+"""
+
 
 
 def free_port() -> int:

@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import itertools
 import json
-import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +24,7 @@ import aiohttp
 import pytest
 import pytest_asyncio
 
+from tests.e2e.botd_process import ECHO_TOOLS_YAML as TOOLS_YAML
 from tests.e2e.botd_process import BotdProcess, botd_run, free_port, write_config
 from tests.fakes.marker_router import Router, last_user_text
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
@@ -55,24 +55,6 @@ CHANNELS = [
     "CAPPROVE",
     "CDENIED",
 ]
-ECHO = shutil.which("echo") or "/bin/echo"
-TOOLS_YAML = f"""
-tools:
-  - name: say
-    description: Print a text.
-    category: read
-    cmd: {ECHO}
-    args: ["{{{{text}}}}"]
-    parameters:
-      text: {{type: string, maxLength: 200}}
-  - name: admin_echo
-    description: Print a text (needs approval).
-    category: admin
-    cmd: {ECHO}
-    args: ["admin-says", "{{{{text}}}}"]
-    parameters:
-      text: {{type: string, maxLength: 200}}
-"""
 
 _ts_counter = itertools.count(1)
 
