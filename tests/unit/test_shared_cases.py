@@ -1,13 +1,12 @@
-"""Runs every acceptance case in the shared cases directory (one test per JSON file).
+"""Runs every behaviour case in ``tests/cases`` (one test per JSON file).
 
-The directory is ``$BOTD_CASES_DIR`` or ``shared/cases`` beside the repository. A
+The cases are data kept with the tests so a fresh clone needs nothing else. A
 missing directory or an unknown case file is an error, never a skip.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,24 +18,11 @@ from agent.history import prune_tool_results, repair_pairing
 from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sanitize
 from agent.types import Message
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
 def _cases_dir() -> Path:
-    configured = os.environ.get("BOTD_CASES_DIR")
-    candidates = (
-        [Path(configured)]
-        if configured
-        else [REPO_ROOT.parent / "shared" / "cases", REPO_ROOT / "shared" / "cases"]
-    )
-    for candidate in candidates:
-        if candidate.is_dir() and any(candidate.glob("*.json")):
-            return candidate
-    raise RuntimeError(
-        "shared acceptance cases not found (looked in: "
-        + ", ".join(str(c) for c in candidates)
-        + "); set BOTD_CASES_DIR to the directory holding the *.json case files"
-    )
+    directory = Path(__file__).resolve().parents[1] / "cases"
+    if not directory.is_dir() or not any(directory.glob("*.json")):
+        raise RuntimeError(f"behaviour cases not found in {directory}")
+    return directory
 
 
 CASES_DIR = _cases_dir()
