@@ -19,12 +19,11 @@ from agent.tools.registry import ToolRegistry, ToolSettings
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
 from bot.gateway.approvals import Approvals
-from bot.gateway.broadcast import Broadcast
-from bot.gateway.commands import COMMANDS
-from bot.gateway.control import ControlCommands
-from bot.gateway.delivery import DeliveryLedger
+from bot.gateway.control import COMMANDS, ControlCommands
 from bot.gateway.gateway import Gateway
-from bot.gateway.runner import RunDeps, RunExecutor
+from bot.gateway.reply import DeliveryLedger
+from bot.gateway.run import RunDeps, RunExecutor
+from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
 from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key

@@ -8,7 +8,7 @@ import structlog
 
 from agent.types import RunRequest
 from bot.gateway.gateway import Gateway
-from bot.gateway.runner import RunOutcome
+from bot.gateway.run import RunOutcome
 from channels.base import ChannelAdapter, Target
 from scheduler.ports import DeliveryStatus, JobTarget, ScheduledOutcome, ScheduledRunStatus
 

@@ -17,7 +17,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 
-from bot.gateway.broadcast import Broadcast
+from bot.gateway.signals import Broadcast
 
 log = structlog.get_logger(__name__)
 
