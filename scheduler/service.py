@@ -31,6 +31,7 @@ import structlog
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
+from agent.tasks import TaskSet, cancel_all, drain
 from scheduler.change_feed import ChangeFeed
 from scheduler.claims import FireClaims
 from scheduler.clock import Clock, iso_utc, utc_now
@@ -45,7 +46,6 @@ from scheduler.ledger import FireTrigger, RunLedger, RunRecord
 from scheduler.ports import ScheduledRunner
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import JobStore
-from scheduler.tasks import TaskSet, cancel_all, drain
 
 log = structlog.get_logger(__name__)
 

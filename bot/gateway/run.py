@@ -28,6 +28,7 @@ from agent.history import prepare_history
 from agent.llm_types import ChatModel, DeltaCallback, LLMError, LLMResponse
 from agent.loop import RunCancelled, run_loop
 from agent.prompt import PromptSpec, build_system_prompt
+from agent.tasks import uncancel_current
 from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings
 from agent.types import AgentEvent, Message, RunRequest, RunResult, Usage
 from bot import metrics
@@ -256,7 +257,7 @@ class RunExecutor:
     async def _cancelled(
         self, turn: _Turn, control: RunControl, user_messages: list[Message], partial: RunResult, model: TracingModel
     ) -> RunOutcome:
-        _uncancel()
+        uncancel_current()
         reason = control.acknowledge() or "cancelled"
         await asyncio.shield(turn.reply.abandon())
         if reason not in RETRY_REASONS:
@@ -347,12 +348,6 @@ def _tool_span(event: AgentEvent, failed: bool, attrs: dict[str, Any]) -> Span:
         kind="tool", name=event.tool_call.name, start=time.time() - ms / 1000, ms=round(ms, 2),
         error=(event.tool_result.content or "")[:200] if failed and event.tool_result else None, attrs=attrs,
     )
-
-
-def _uncancel() -> None:
-    task = asyncio.current_task()
-    while task is not None and task.cancelling():
-        task.uncancel()
 
 
 class TracingModel:

@@ -28,8 +28,8 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 
+from agent.tasks import stop_task
 from bot.gateway.run import RunOutcome
-from bot.tasks import stop_task
 
 log = structlog.get_logger(__name__)
 

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from agent.tasks import keep_cancelling, stop_task, uncancel_current
 from agent.types import RunRequest
 from bot import metrics
 from bot.config import BotdConfig
@@ -29,7 +30,6 @@ from bot.gateway.run import RETRY_REASONS, RunExecutor, RunOutcome
 from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time
 from bot.store.keys import Keys
 from bot.store.locks import SessionLock
-from bot.tasks import RETRY_S, stop_task
 from channels.base import ChannelAdapter, Target
 
 log = structlog.get_logger(__name__)
@@ -74,7 +74,9 @@ class SessionRun:
         log.info("run.cancelling", session_key=self.session_key, run_id=self.run_id, reason=reason)
         self.task.cancel()
         if self._nudger is None:
-            self._nudger = asyncio.create_task(self._keep_cancelling(), name="run-canceller")
+            self._nudger = asyncio.create_task(
+                keep_cancelling(self.task, until=lambda: self._acknowledged), name="run-canceller"
+            )
 
     def cancel_if_started_before(self, at: float, reason: str) -> None:
         """A stop at ``at`` applies to this run only when the run had started by then."""
@@ -104,14 +106,6 @@ class SessionRun:
     def close(self) -> None:
         if self._nudger is not None:
             self._nudger.cancel()
-
-    async def _keep_cancelling(self) -> None:
-        """Repeat the cancellation until the run acknowledges it (see bot.tasks)."""
-        for _ in range(100):
-            await asyncio.sleep(RETRY_S)
-            if self.task.done() or self._acknowledged:
-                return
-            self.task.cancel()
 
 
 class Workers:
@@ -296,8 +290,7 @@ class Workers:
             if run.reason is None:
                 raise  # not ours: the caller is cancelling the worker itself
             run.acknowledge()
-            while task.cancelling():
-                task.uncancel()
+            uncancel_current()
             outcome = RunOutcome(run.run_id, "cancelled", "none", run.reason)
         except RedisError as exc:
             log.error("run.store_error", session_key=session_key, run_id=run.run_id, error=str(exc))

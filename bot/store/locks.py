@@ -23,10 +23,10 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from agent.tasks import stop_task
 from bot.store.errors import LockTimeout
 from bot.store.keys import Keys
 from bot.store.kv import ttl_ms
-from bot.tasks import stop_task
 
 log = structlog.get_logger(__name__)
 

@@ -18,8 +18,9 @@ from collections.abc import Callable
 import structlog
 from telegram.error import BadRequest, TelegramError
 
+from agent.tasks import raise_if_cancelled
 from channels.telegram.redact import scrub
-from channels.telegram.send import ChatRef, TelegramSender, raise_if_cancelled
+from channels.telegram.send import ChatRef, TelegramSender
 
 log = structlog.get_logger(__name__)
 
