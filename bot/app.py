@@ -152,6 +152,7 @@ class App:
         )
         self.scheduler = SchedulerService(
             client, prefix, GatewayScheduledRunner(self.gateway, self.channels),
+            signals=self.broadcast,
             heartbeat=heartbeat_settings(cfg),
             settings=SchedulerSettings(timezone=cfg.scheduler.timezone, catch_up=cfg.scheduler.catch_up),
             workspace=cfg.workspace,

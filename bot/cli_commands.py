@@ -67,7 +67,7 @@ async def doctor(cfg: BotdConfig) -> int:
 
 async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
     from scheduler import cron_commands as cc
-    from scheduler.errors import CronError
+    from scheduler.schedules import CronError
     from scheduler.store import JobStore
 
     async with store(cfg) as handle:

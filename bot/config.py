@@ -23,7 +23,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from scheduler.durations import parse_duration
+from scheduler.schedules import parse_duration
 
 # Plain environment names honoured besides BOTD_…__… (name -> (section, key)).
 PLAIN_ENV: dict[str, tuple[str, str]] = {

@@ -13,8 +13,9 @@ and the heartbeat key ``agent:<id>:heartbeat`` (DESIGN.md §4.3).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -84,4 +85,20 @@ class ScheduledRunner(Protocol):
 
     async def notify(self, target: JobTarget, text: str) -> None:
         """Send a plain notice to a chat (e.g. a job was disabled); not a run, no LLM."""
+        ...
+
+
+class Subscriber(Protocol):
+    """The process's one pub/sub listener (the daemon's ``Broadcast``).
+
+    Pub/sub delivers only while connected: a subscriber that must not miss a change
+    also registers ``on_reconnect`` to resync from the store.
+    """
+
+    def on(self, channel: str, handler: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        """Call ``handler`` with every JSON object published on ``channel``."""
+        ...
+
+    def on_reconnect(self, handler: Callable[[], Awaitable[None]]) -> None:
+        """Call ``handler`` after the listener subscribed again following a lost connection."""
         ...

@@ -34,12 +34,14 @@ from bot.gateway.run import RunOutcome
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
+ReconnectHandler = Callable[[], Awaitable[None]]
 
 
 class Broadcast:
     def __init__(self, client: aioredis.Redis) -> None:
         self._r = client
         self._handlers: dict[str, Handler] = {}
+        self._reconnect_handlers: list[ReconnectHandler] = []
         self._task: asyncio.Task[None] | None = None
         self._subscribed = asyncio.Event()
 
@@ -47,6 +49,13 @@ class Broadcast:
         if self._task is not None:
             raise RuntimeError("subscribe before start()")
         self._handlers[channel] = handler
+
+    def on_reconnect(self, handler: ReconnectHandler) -> None:
+        """Call ``handler`` after a lost connection is subscribed again (messages sent
+        meanwhile are lost, so its owner resyncs from the store)."""
+        if self._task is not None:
+            raise RuntimeError("subscribe before start()")
+        self._reconnect_handlers.append(handler)
 
     async def publish(self, channel: str, data: dict[str, Any]) -> None:
         await self._r.publish(channel, json.dumps(data))
@@ -57,11 +66,15 @@ class Broadcast:
             await asyncio.wait_for(self._subscribed.wait(), timeout=5.0)
 
     async def _run(self) -> None:
+        reconnecting = False
         while True:
             pubsub = self._r.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(*self._handlers)
                 self._subscribed.set()
+                if reconnecting:
+                    reconnecting = False
+                    await self._reconnected()
                 while True:
                     msg = await pubsub.get_message(timeout=1.0)
                     if msg is None or msg.get("type") != "message":
@@ -77,10 +90,18 @@ class Broadcast:
                 raise
             except Exception as exc:
                 log.warning("broadcast.reconnecting", error=str(exc))
+                reconnecting = True
                 await asyncio.sleep(1.0)
             finally:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
+
+    async def _reconnected(self) -> None:
+        for handler in self._reconnect_handlers:
+            try:
+                await handler()
+            except Exception:
+                log.exception("broadcast.reconnect_handler_failed")
 
     async def close(self) -> None:
         await stop_task(self._task)

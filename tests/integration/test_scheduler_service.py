@@ -13,16 +13,15 @@ import pytest
 import redis.asyncio as aioredis
 
 from agent.types import RunRequest
-from scheduler.claims import FireClaims
-from scheduler.clock import utc_now
+from bot.gateway.signals import Broadcast
 from scheduler.cron_commands import CronAddOptions, cron_add, cron_run_now, wait_for_run
 from scheduler.cron_tool import CronTool
 from scheduler.jobs import CronJob
 from scheduler.ports import JobTarget
-from scheduler.schedules import AtSchedule, EverySchedule
+from scheduler.schedules import AtSchedule, EverySchedule, utc_now
 from scheduler.service import SchedulerService
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
-from scheduler.store import JobStore
+from scheduler.store import FireClaims, JobStore
 from tests.unit.test_schedule_fakes import RecordingRunner, wait_until
 
 TARGET = JobTarget(channel="telegram", chat_id="-1009")
@@ -33,6 +32,7 @@ Factory = Callable[..., Awaitable[tuple[SchedulerService, RecordingRunner]]]
 async def replicas(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path) -> AsyncIterator[Factory]:
     """Start replicas on demand; every one is stopped at the end."""
     started: list[SchedulerService] = []
+    listeners: list[Broadcast] = []
 
     async def start(
         *,
@@ -43,10 +43,12 @@ async def replicas(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Pa
         misfire_grace_s: float = 60.0,
     ) -> tuple[SchedulerService, RecordingRunner]:
         runner = runner or RecordingRunner()
+        signals = Broadcast(redis_client)
         service = SchedulerService(
             redis_client,
             redis_prefix,
             runner,
+            signals=signals,
             heartbeat=heartbeat or HeartbeatSettings(),
             settings=SchedulerSettings(  # type: ignore[arg-type]
                 catch_up=catch_up, resync_interval_s=resync_s, misfire_grace_s=misfire_grace_s
@@ -56,6 +58,8 @@ async def replicas(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Pa
             heartbeat_session_key="agent:main:heartbeat",
             instance_id=f"replica-{len(started)}",
         )
+        listeners.append(signals)
+        await signals.start()
         await service.start()
         started.append(service)
         return service, runner
@@ -63,6 +67,8 @@ async def replicas(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Pa
     yield start
     for service in started:
         await service.stop(grace_s=1.0)
+    for signals in listeners:
+        await signals.close()
 
 
 def all_requests(*runners: RecordingRunner) -> list[RunRequest]:

@@ -9,12 +9,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from scheduler.claims import FireClaims
+from scheduler.fires import DEFAULT_HEARTBEAT_PROMPT
 from scheduler.heartbeat import HeartbeatFires
-from scheduler.ledger import RunLedger
 from scheduler.ports import JobTarget
-from scheduler.run_requests import DEFAULT_HEARTBEAT_PROMPT
 from scheduler.settings import HeartbeatSettings
+from scheduler.store import FireClaims, RunLedger
 from tests.unit.test_schedule_fakes import RecordingRunner
 
 TARGET = JobTarget(channel="telegram", chat_id="-1001", thread_id="7")

@@ -6,14 +6,19 @@ from datetime import UTC, datetime, timedelta
 
 import redis.asyncio as aioredis
 
-from scheduler.backoff import BACKOFF_LADDER_S, MAX_CONSECUTIVE_FAILURES, apply_run, backoff_s
-from scheduler.claims import FireClaims
-from scheduler.cron_fire import CronFires
-from scheduler.jobs import CronJob
-from scheduler.ledger import FireTrigger, RunRecord
+from scheduler.fires import CronFires
+from scheduler.jobs import (
+    BACKOFF_LADDER_S,
+    MAX_CONSECUTIVE_FAILURES,
+    CronJob,
+    FireTrigger,
+    RunRecord,
+    apply_run,
+    backoff_s,
+)
 from scheduler.ports import JobTarget, ScheduledRunStatus
 from scheduler.schedules import parse_every, parse_in
-from scheduler.store import JobStore
+from scheduler.store import FireClaims, JobStore
 from tests.unit.test_schedule_fakes import RecordingRunner
 
 NOW = datetime(2027, 5, 3, 8, 0, tzinfo=UTC)

@@ -19,11 +19,10 @@ from scheduler.cron_commands import (
     format_job_table,
     wait_for_run,
 )
-from scheduler.errors import CronError, DuplicateJobError, InvalidJobError, JobNotFoundError
-from scheduler.ledger import RunLedger
-from scheduler.run_requests import cron_run_request
-from scheduler.schedules import ScheduleError
-from scheduler.store import JobStore
+from scheduler.fires import cron_run_request
+from scheduler.jobs import DuplicateJobError, InvalidJobError, JobNotFoundError
+from scheduler.schedules import CronError, ScheduleError
+from scheduler.store import JobStore, RunLedger
 
 NOW = datetime(2027, 3, 26, 12, 0, tzinfo=UTC)
 

@@ -10,13 +10,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from scheduler.claims import FireClaims
-from scheduler.errors import CorruptJobError, DuplicateJobError
-from scheduler.jobs import CronJob
-from scheduler.ledger import LEDGER_SIZE, RunLedger, RunRecord
+from scheduler.jobs import CorruptJobError, CronJob, DuplicateJobError, RunRecord
 from scheduler.ports import JobTarget
 from scheduler.schedules import parse_every
-from scheduler.store import JobStore
+from scheduler.store import LEDGER_SIZE, FireClaims, JobStore, RunLedger
 
 NOW = datetime(2027, 5, 3, 8, 0, tzinfo=UTC)
 

@@ -1,25 +1,196 @@
-"""One fire of a cron job, from the claim to the ledger entry and the job's new state."""
+"""One fire, from the claim to the ledger entry: the request it produces, handing it to
+the daemon's runner, and what the run does to its cron job.
+
+The RunRequests a fire produces: scheduled runs use the minimal prompt. The request's
+``channel``/``chat_id``/``thread_id`` are the *delivery target* (not "cron"/"heartbeat"),
+so the gateway delivers there; ``kind`` tells it which silent-reply rule applies
+(NO_REPLY for cron, HEARTBEAT_OK for heartbeats). ``meta`` carries ``job_id``,
+``fire_time`` (ISO UTC), ``trigger`` and, for cron, ``fresh_session="1"`` (every cron
+run starts with an empty ``agent:<id>:cron:<job_id>`` session), ``created_by`` and, for
+a run-now, ``request_id``. No person is behind a scheduled run, so ``user_id`` is empty.
+
+``run_and_record`` hands one request to the runner and turns whatever happens into a
+RunRecord; ``CronFires`` runs cron jobs for one replica.
+"""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
 from datetime import datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import structlog
 
-from scheduler.backoff import Transition, apply_run, disabled_notice
-from scheduler.claims import FireClaims
-from scheduler.clock import Clock, iso_utc
-from scheduler.errors import CorruptJobError, JobNotFoundError
-from scheduler.execution import RUNNER_GRACE_S, run_and_record
-from scheduler.jobs import CronJob
-from scheduler.ledger import FireTrigger, RunLedger, RunRecord
-from scheduler.ports import ScheduledRunner
-from scheduler.run_requests import cron_run_request
-from scheduler.store import JobStore
+from agent.types import RunRequest, ToolPolicy
+from scheduler.jobs import (
+    HEARTBEAT_JOB_ID,
+    CorruptJobError,
+    CronJob,
+    FireTrigger,
+    JobNotFoundError,
+    RunRecord,
+    Transition,
+    apply_run,
+    clip_error,
+    disabled_notice,
+)
+from scheduler.ports import DELIVERY_STATUSES, RUN_STATUSES, JobTarget, ScheduledOutcome, ScheduledRunner
+from scheduler.schedules import Clock, iso_utc
+from scheduler.store import FireClaims, JobStore, RunLedger
 
 log = structlog.get_logger(__name__)
+
+
+# The runner enforces timeout_s itself; this extra margin only guards against a runner
+# that never returns, so a stuck run cannot hold its job forever.
+RUNNER_GRACE_S = 30.0
+
+
+async def run_and_record(
+    runner: ScheduledRunner,
+    request: RunRequest,
+    *,
+    job_id: str,
+    fire_time: datetime,
+    trigger: FireTrigger,
+    request_id: str | None,
+    timeout_s: float,
+    clock: Clock,
+) -> RunRecord:
+    """Run ``request``; a runner exception becomes ``error``, a hang becomes ``timeout``."""
+    started = clock()
+    log.info("scheduler.run_started", job_id=job_id, run_id=request.run_id, session_key=request.session_key)
+    try:
+        outcome = await asyncio.wait_for(
+            runner.run_scheduled(request, timeout_s=timeout_s), timeout_s + RUNNER_GRACE_S
+        )
+    except TimeoutError:
+        outcome = ScheduledOutcome(
+            run_id=request.run_id,
+            run_status="timeout",
+            error=f"no result from the runner after {timeout_s + RUNNER_GRACE_S:.0f}s",
+        )
+    except Exception as exc:
+        log.exception("scheduler.runner_failed", job_id=job_id, run_id=request.run_id)
+        outcome = ScheduledOutcome(
+            run_id=request.run_id, run_status="error", error=f"{type(exc).__name__}: {exc}"
+        )
+    run_status, delivery, error = outcome.run_status, outcome.delivery_status, outcome.error
+    if run_status not in RUN_STATUSES:
+        run_status, error = "error", f"runner reported an unknown run status {run_status!r}"
+    if delivery not in DELIVERY_STATUSES:
+        delivery = "unknown"
+    record = RunRecord(
+        job_id=job_id,
+        run_id=outcome.run_id or request.run_id,
+        fire_time=fire_time,
+        trigger=trigger,
+        request_id=request_id,
+        started_at=started,
+        finished_at=clock(),
+        run_status=run_status,
+        delivery_status=delivery,
+        error=clip_error(error),
+    )
+    log.info(
+        "scheduler.run_finished",
+        job_id=job_id,
+        run_id=record.run_id,
+        run_status=record.run_status,
+        delivery_status=record.delivery_status,
+    )
+    return record
+
+
+DEFAULT_HEARTBEAT_PROMPT = (
+    "[Heartbeat] This is a periodic check, not a message from a person. Work through the "
+    "checklist from HEARTBEAT.md below and follow it strictly; do not infer or repeat old "
+    "tasks from earlier chats. If nothing needs attention, reply HEARTBEAT_OK."
+)
+
+
+def cron_run_request(
+    job: CronJob,
+    *,
+    agent_id: str,
+    session_key: str,
+    fire_time: datetime,
+    trigger: FireTrigger,
+    request_id: str | None,
+    now: datetime,
+) -> RunRequest:
+    """The request for one run of ``job``."""
+    zone = ZoneInfo(getattr(job.schedule, "tz", "UTC"))
+    local = fire_time.astimezone(zone).strftime("%Y-%m-%d %H:%M %Z")
+    why = {
+        "schedule": "scheduled for",
+        "catch_up": "catching up a run missed at",
+        "run_now": "run on request at",
+    }
+    header = (
+        f'[Scheduled task] Cron job "{job.id}" ({job.schedule.describe()}), {why[trigger]} {local}. '
+        f"Your final reply is delivered to {job.target.describe()}. Do the task below. "
+        "If there is nothing worth sending, reply NO_REPLY."
+    )
+    fire = iso_utc(fire_time)
+    meta = {"fresh_session": "1", "job_id": job.id, "fire_time": fire, "trigger": trigger}
+    if job.created_by:
+        meta["created_by"] = job.created_by
+    if request_id:
+        meta["request_id"] = request_id
+    dedupe = (
+        f"cron:{job.id}:run_now:{request_id}"
+        if trigger == "run_now" and request_id
+        else f"cron:{job.id}:{fire}"
+    )
+    return RunRequest(
+        session_key=session_key,
+        agent_id=agent_id,
+        channel=job.target.channel,
+        chat_id=job.target.chat_id,
+        thread_id=job.target.thread_id,
+        user_name=f"cron job {job.id}",
+        text=f"{header}\n\n{job.prompt}",
+        kind="cron",
+        prompt_mode="minimal",
+        tool_policy=job.tool_policy(),
+        received_at=now.timestamp(),
+        dedupe_key=dedupe,
+        meta=meta,
+    )
+
+
+def heartbeat_run_request(
+    *,
+    target: JobTarget,
+    prompt: str | None,
+    checklist: str,
+    agent_id: str,
+    session_key: str,
+    fire_time: datetime,
+    trigger: FireTrigger,
+    now: datetime,
+) -> RunRequest:
+    """The request for one heartbeat: the configured (or default) prompt plus HEARTBEAT.md."""
+    fire = iso_utc(fire_time)
+    text = f"{(prompt or DEFAULT_HEARTBEAT_PROMPT).strip()}\n\nHEARTBEAT.md:\n{checklist}"
+    return RunRequest(
+        session_key=session_key,
+        agent_id=agent_id,
+        channel=target.channel,
+        chat_id=target.chat_id,
+        thread_id=target.thread_id,
+        user_name="heartbeat",
+        text=text,
+        kind="heartbeat",
+        prompt_mode="minimal",
+        tool_policy=ToolPolicy(context="scheduled", allow=()),
+        received_at=now.timestamp(),
+        dedupe_key=f"heartbeat:{fire}" if trigger != "run_now" else None,
+        meta={"job_id": HEARTBEAT_JOB_ID, "fire_time": fire, "trigger": trigger},
+    )
+
 
 _FLOOR_TOLERANCE = timedelta(seconds=1)
 
