@@ -119,7 +119,7 @@ class App:
         cfg, client, prefix = self.cfg, self.store.client, self.cfg.redis.prefix
         keys = self.store.keys
         self.sessions = SessionStore(client, keys)
-        self.jobs = JobStore(client, prefix)
+        self.jobs = JobStore(client, keys)
         self.tool_settings = tool_settings(cfg)
         try:
             declared = load_tools(self.tool_settings, cfg.security.cli_tools_file)
@@ -151,7 +151,7 @@ class App:
             cfg, client, self.executor, self.channels, self.broadcast, self.ledger, self.control, lock_factory
         )
         self.scheduler = SchedulerService(
-            client, prefix, GatewayScheduledRunner(self.gateway, self.channels),
+            client, keys, GatewayScheduledRunner(self.gateway, self.channels),
             signals=self.broadcast,
             heartbeat=heartbeat_settings(cfg),
             settings=SchedulerSettings(timezone=cfg.scheduler.timezone, catch_up=cfg.scheduler.catch_up),

@@ -71,7 +71,7 @@ async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
     from scheduler.store import JobStore
 
     async with store(cfg) as handle:
-        jobs = JobStore(handle.client, cfg.redis.prefix)
+        jobs = JobStore(handle.client, handle.keys)
         try:
             if args.cron_command == "add":
                 options = cc.CronAddOptions(

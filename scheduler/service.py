@@ -47,7 +47,7 @@ from scheduler.jobs import (
     JobNotFoundError,
     RunRecord,
 )
-from scheduler.ports import ScheduledRunner, Subscriber
+from scheduler.ports import CronKeys, ScheduledRunner, Subscriber
 from scheduler.schedules import Clock, format_duration, iso_utc, latest_fire_between, next_fire, utc_now
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import FireClaims, JobStore, RunLedger
@@ -98,7 +98,7 @@ class SchedulerService:
     def __init__(
         self,
         redis: Any,
-        prefix: str,
+        keys: CronKeys,
         runner: ScheduledRunner,
         *,
         signals: Subscriber,
@@ -116,8 +116,8 @@ class SchedulerService:
         self.settings = settings
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self._clock = clock
-        self.store = JobStore(redis, prefix)
-        self._claims = FireClaims(redis, prefix, ttl_s=settings.fire_claim_ttl_s)
+        self.store = JobStore(redis, keys)
+        self._claims = FireClaims(redis, keys, ttl_s=settings.fire_claim_ttl_s)
         self._cron = CronFires(
             self.store,
             self._claims,

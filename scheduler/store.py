@@ -41,6 +41,7 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import WatchError
 
 from scheduler.jobs import CorruptJobError, CronJob, DuplicateJobError, FireTrigger, RunRecord
+from scheduler.ports import CronKeys
 from scheduler.schedules import iso_utc, parse_iso_utc
 
 log = structlog.get_logger(__name__)
@@ -70,19 +71,19 @@ def text(value: str | bytes) -> str:
 class FireClaims:
     """Claims and markers in Redis for one key prefix."""
 
-    def __init__(self, redis: Any, prefix: str, *, ttl_s: int = 7 * 86400) -> None:
+    def __init__(self, redis: Any, keys: CronKeys, *, ttl_s: int = 7 * 86400) -> None:
         self._redis = redis
-        self._prefix = prefix
+        self._keys = keys
         self._ttl_s = ttl_s
         self._advance = redis.register_script(_ADVANCE)
         self._release = redis.register_script(_RELEASE)
 
     def fire_key(self, job_id: str, fire_time: datetime) -> str:
-        return f"{self._prefix}:fire:{job_id}:{iso_utc(fire_time)}"
+        return self._keys.fire(job_id, iso_utc(fire_time))
 
     @property
     def last_fire_key(self) -> str:
-        return f"{self._prefix}:cron:last_fire"
+        return self._keys.cron_last_fire()
 
     async def claim(self, job_id: str, fire_time: datetime, owner: str) -> bool:
         """True for exactly one caller per (job, scheduled time)."""
@@ -109,7 +110,7 @@ class FireClaims:
         await self._redis.hdel(self.last_fire_key, job_id)
 
     def running_key(self, job_id: str) -> str:
-        return f"{self._prefix}:cron:running:{job_id}"
+        return self._keys.cron_running(job_id)
 
     async def acquire_running(self, job_id: str, ttl_s: float) -> str | None:
         """A token while no other run of the job is in progress anywhere, else None."""
@@ -127,12 +128,12 @@ LEDGER_SIZE = 100
 class RunLedger:
     """Append and read run records (each job's list is capped at :data:`LEDGER_SIZE`)."""
 
-    def __init__(self, redis: Any, prefix: str) -> None:
+    def __init__(self, redis: Any, keys: CronKeys) -> None:
         self._redis = redis
-        self._prefix = prefix
+        self._keys = keys
 
     def key(self, job_id: str) -> str:
-        return f"{self._prefix}:cron:runs:{job_id}"
+        return self._keys.cron_runs(job_id)
 
     async def append(self, record: RunRecord) -> None:
         key = self.key(record.job_id)
@@ -189,9 +190,9 @@ class RunNowRequest(BaseModel):
 class RunNowQueue:
     """The list of pending run-now requests for one key prefix."""
 
-    def __init__(self, redis: Any, prefix: str) -> None:
+    def __init__(self, redis: Any, keys: CronKeys) -> None:
         self._redis = redis
-        self.key = f"{prefix}:cron:run_now"
+        self.key = keys.cron_run_now()
 
     async def push(self, job_id: str, now: datetime) -> RunNowRequest:
         request = RunNowRequest(job_id=job_id, request_id=uuid.uuid4().hex[:12], requested_at=now)
@@ -220,22 +221,22 @@ _MAX_WATCH_RETRIES = 50
 class JobStore:
     """add / get / list / remove / update cron jobs; each change is announced."""
 
-    def __init__(self, redis: Any, prefix: str) -> None:
+    def __init__(self, redis: Any, keys: CronKeys) -> None:
         self._redis = redis
-        self.prefix = prefix
-        self.ledger = RunLedger(redis, prefix)
-        self.run_now_queue = RunNowQueue(redis, prefix)
+        self._keys = keys
+        self.ledger = RunLedger(redis, keys)
+        self.run_now_queue = RunNowQueue(redis, keys)
 
     def job_key(self, job_id: str) -> str:
-        return f"{self.prefix}:cron:job:{job_id}"
+        return self._keys.cron_job(job_id)
 
     @property
     def index_key(self) -> str:
-        return f"{self.prefix}:cron:jobs"
+        return self._keys.cron_jobs()
 
     @property
     def changes_channel(self) -> str:
-        return f"{self.prefix}:cron:changes"
+        return self._keys.cron_changes()
 
     async def add(self, job: CronJob) -> CronJob:
         """Store a new job; DuplicateJobError when the id is taken."""

@@ -17,9 +17,8 @@ import structlog
 from agent.types import RunRequest
 from bot import metrics
 from bot.gateway.approvals import Approvals
-from bot.gateway.inbox import Inbox
+from bot.gateway.inbox import Deduper, Inbox
 from bot.gateway.reply import DeliveryLedger, notify
-from bot.store.dedupe import Deduper
 from bot.store.keys import Keys
 from bot.store.sessions import SessionStore
 from channels.base import ChannelAdapter, Target

@@ -25,6 +25,7 @@ import structlog
 from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sanitize
 from agent.types import RunKind, RunResult
 from bot import metrics
+from bot.store.keys import Keys
 from channels.base import ChannelAdapter, ReplyStream, Target
 
 log = structlog.get_logger(__name__)
@@ -35,13 +36,13 @@ _TTL_S = 7 * 24 * 3600
 class DeliveryLedger:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self._r = client
-        self._prefix = prefix
+        self._keys = Keys(prefix)
 
     def _parts(self, run_id: str) -> str:
-        return f"{self._prefix}:delivery:{run_id}"
+        return self._keys.delivery(run_id)
 
     def _result(self, run_id: str) -> str:
-        return f"{self._prefix}:result:{run_id}"
+        return self._keys.result(run_id)
 
     async def claim(self, run_id: str, part: str) -> bool:
         """True exactly once per ``(run_id, part)``, across replicas and retries."""

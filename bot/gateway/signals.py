@@ -30,6 +30,7 @@ import structlog
 
 from agent.tasks import stop_task
 from bot.gateway.run import RunOutcome
+from bot.store.keys import Keys
 
 log = structlog.get_logger(__name__)
 
@@ -120,15 +121,15 @@ async def server_time(client: aioredis.Redis) -> float:
 class CancelSignals:
     def __init__(self, client: aioredis.Redis, prefix: str, broadcast: Broadcast) -> None:
         self._r = client
-        self._prefix = prefix
+        self._keys = Keys(prefix)
         self._broadcast = broadcast
 
     @property
     def channel(self) -> str:
-        return f"{self._prefix}:cancel"
+        return self._keys.cancel_channel()
 
     def _key(self, session_key: str) -> str:
-        return f"{self._prefix}:cancel:{session_key}"
+        return self._keys.cancel(session_key)
 
     async def request(self, session_key: str) -> float:
         """Record and broadcast a stop for ``session_key``; returns its timestamp."""
@@ -149,17 +150,17 @@ OUTCOME_TTL_S = 24 * 3600
 class OutcomeBoard:
     def __init__(self, client: aioredis.Redis, prefix: str, broadcast: Broadcast) -> None:
         self._r = client
-        self._prefix = prefix
+        self._keys = Keys(prefix)
         self._broadcast = broadcast
         self._events: dict[str, asyncio.Event] = {}
         broadcast.on(self.channel, self._on_message)
 
     @property
     def channel(self) -> str:
-        return f"{self._prefix}:outcomes"
+        return self._keys.outcomes_channel()
 
     def _key(self, run_id: str) -> str:
-        return f"{self._prefix}:outcome:{run_id}"
+        return self._keys.outcome(run_id)
 
     async def publish(self, run_ids: list[str], outcome: RunOutcome) -> None:
         if not run_ids:

@@ -239,7 +239,7 @@ class Workers:
 
     async def _retry_guard(self, session_key: str, batch: list[RunRequest]) -> list[RunRequest]:
         """Resume a batch a previous holder left; give up on it after MAX_ATTEMPTS."""
-        key = self._keys.key("attempts", batch[0].run_id)
+        key = self._keys.attempts(batch[0].run_id)
         pipe = self._r.pipeline(transaction=True)
         pipe.incr(key)
         pipe.expire(key, 86400)
