@@ -17,6 +17,8 @@ PromptMode = Literal["full", "minimal"]
 Category = Literal["read", "write", "admin"]
 Role = Literal["system", "user", "assistant", "tool"]
 RunStatus = Literal["completed", "failed", "cancelled", "max_iterations"]
+# Did a run's answer reach the chat? Shared by the gateway's outcomes and the scheduler's ledger.
+DeliveryStatus = Literal["delivered", "silent", "failed", "unknown"]
 EventType = Literal[
     "run.started",
     "chunk",

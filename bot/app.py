@@ -34,7 +34,6 @@ from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
 from channels.base import ChannelAdapter, ChannelContext, RouteHandler, Scope
 from scheduler.cron_tool import CronTool
-from scheduler.ports import JobTarget
 from scheduler.service import SchedulerService
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import JobStore
@@ -79,7 +78,7 @@ def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
     if cfg.telegram.enabled:
         from channels.telegram import TelegramChannel, TelegramSettings
 
-        settings = TelegramSettings.from_section(cfg.telegram)
+        settings = TelegramSettings.from_config(cfg.telegram)
         register_secret(settings.token)
         register_secret(settings.webhook_secret)
         lease_s = cfg.telegram.poll_lease_s
@@ -92,17 +91,6 @@ def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
             register_secret(secret)
         out["slack"] = SlackChannel(slack)
     return out
-
-
-def heartbeat_settings(cfg: BotdConfig) -> HeartbeatSettings:
-    hb = cfg.heartbeat
-    target = None
-    if hb.target.channel and hb.target.chat_id:
-        target = JobTarget(channel=hb.target.channel, chat_id=hb.target.chat_id, thread_id=hb.target.thread_id)
-    return HeartbeatSettings(
-        enabled=hb.enabled, every=hb.every, active_hours=hb.active_hours, timezone=hb.timezone,
-        target=target, prompt=hb.prompt,
-    )
 
 
 @dataclass
@@ -153,8 +141,8 @@ class App:
         self.scheduler = SchedulerService(
             client, keys, GatewayScheduledRunner(self.gateway, self.channels),
             signals=self.broadcast,
-            heartbeat=heartbeat_settings(cfg),
-            settings=SchedulerSettings(timezone=cfg.scheduler.timezone, catch_up=cfg.scheduler.catch_up),
+            heartbeat=HeartbeatSettings.from_config(cfg.heartbeat),
+            settings=SchedulerSettings.from_config(cfg.scheduler),
             workspace=cfg.workspace,
             session_key_for_job=partial(cron_session_key, cfg.agent.id),
             heartbeat_session_key=heartbeat_session_key(cfg.agent.id),

@@ -30,8 +30,8 @@ from typing import Literal
 from apscheduler.triggers.base import BaseTrigger
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from agent.types import ToolPolicy
-from scheduler.ports import DeliveryStatus, JobTarget, ScheduledRunStatus
+from agent.types import DeliveryStatus, ToolPolicy
+from scheduler.ports import JobTarget, ScheduledRunStatus
 from scheduler.schedules import CronError, Schedule, build_schedule, effective_trigger, next_fire
 
 

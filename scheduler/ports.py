@@ -19,10 +19,9 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.types import RunRequest
+from agent.types import DeliveryStatus, RunRequest
 
 ScheduledRunStatus = Literal["ok", "error", "skipped", "timeout"]
-DeliveryStatus = Literal["delivered", "silent", "failed", "unknown"]
 TargetChannel = Literal["telegram", "slack", "console"]
 
 RUN_STATUSES: tuple[ScheduledRunStatus, ...] = ("ok", "error", "skipped", "timeout")

@@ -17,13 +17,12 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Literal
 
 import redis.asyncio as aioredis
 import structlog
 
 from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sanitize
-from agent.types import RunKind, RunResult
+from agent.types import DeliveryStatus, RunKind, RunResult
 from bot import metrics
 from bot.store.keys import Keys
 from channels.base import ChannelAdapter, ReplyStream, Target
@@ -112,8 +111,6 @@ def preview_text(raw: str) -> str | None:
 # ---- the reply -----------------------------------------------------------
 
 PREVIEW_MIN_INTERVAL_S = 0.2
-
-DeliveryStatus = Literal["delivered", "silent", "failed", "unknown"]
 
 
 def final_text(raw: str, kind: RunKind) -> str | None:

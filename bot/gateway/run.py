@@ -30,10 +30,10 @@ from agent.loop import RunCancelled, run_loop
 from agent.prompt import PromptSpec, build_system_prompt
 from agent.tasks import uncancel_current
 from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings
-from agent.types import AgentEvent, Message, RunRequest, RunResult, Usage
+from agent.types import AgentEvent, DeliveryStatus, Message, RunRequest, RunResult, Usage
 from bot import metrics
 from bot.config import BotdConfig
-from bot.gateway.reply import DeliveryLedger, DeliveryStatus, Reply, notify
+from bot.gateway.reply import DeliveryLedger, Reply, notify
 from bot.store.sessions import SessionStore
 from bot.tracing import Span, Trace, TraceStore, clip, verbose
 from channels.base import ChannelAdapter, Target

@@ -1,7 +1,7 @@
 """The Telegram channel's settings, decoupled from the daemon's config model.
 
 Channels may not import ``bot``, so the daemon maps its ``telegram`` config section to
-this dataclass (or hands the section to :meth:`TelegramSettings.from_section`, which
+this dataclass (or hands the section to :meth:`TelegramSettings.from_config`, which
 only reads attributes). Secrets are kept out of ``repr``.
 """
 
@@ -50,7 +50,7 @@ class TelegramSettings:
             raise ValueError("telegram.stream_edit_interval_s must be positive")
 
     @classmethod
-    def from_section(cls, section: Any) -> TelegramSettings:
+    def from_config(cls, section: Any) -> TelegramSettings:
         """Build from any object with the config section's attributes (secrets may be SecretStr)."""
         return cls(
             token=_reveal(section.token) or "",
