@@ -81,8 +81,7 @@ def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
         settings = TelegramSettings.from_config(cfg.telegram)
         register_secret(settings.token)
         register_secret(settings.webhook_secret)
-        lease_s = cfg.telegram.poll_lease_s
-        out["telegram"] = TelegramChannel(settings, lease_ttl_s=lease_s, lease_renew_s=lease_s / 3)
+        out["telegram"] = TelegramChannel(settings)
     if cfg.slack.enabled:
         from channels.slack import SlackChannel, SlackSettings
 

@@ -23,7 +23,7 @@ from telegram.error import InvalidToken, TelegramError
 from telegram.request import HTTPXRequest
 
 from agent.types import RunRequest
-from channels.base import ChannelContext, ReplyStream, Target
+from channels.base import ChannelContext, ChannelStartError, ReplyStream, Target
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
     CONTROL_COMMANDS,
@@ -37,8 +37,8 @@ from channels.telegram.intake import (
 from channels.telegram.polling import PollingIntake
 from channels.telegram.redact import TokenRedactor, scrub
 from channels.telegram.send import ChatRef, TelegramSender
-from channels.telegram.settings import MESSAGE_LIMIT, TelegramSettings
-from channels.telegram.stream import TYPING_INTERVAL_S, TelegramReplyStream
+from channels.telegram.settings import TelegramSettings
+from channels.telegram.stream import TelegramReplyStream
 from channels.telegram.webhook import BadUpdate, WebhookIntake
 
 log = structlog.get_logger(__name__)
@@ -49,7 +49,7 @@ _COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 APPROVAL_SUMMARY_LIMIT = 3000
 
 
-class TelegramStartError(RuntimeError):
+class TelegramStartError(ChannelStartError):
     """The channel cannot start (e.g. the token was rejected); the message is safe to show."""
 
 
@@ -61,30 +61,19 @@ class TelegramChannel:
     def __init__(
         self,
         settings: TelegramSettings,
-        *,
-        lease_ttl_s: float = 30.0,
-        lease_renew_s: float = 10.0,
-        stall_timeout_s: float = 120.0,
-        poll_timeout_s: int = 25,
-        poll_backoff_s: float = 1.0,
-        typing_interval_s: float = TYPING_INTERVAL_S,
-        send_attempts: int = 4,
-        send_backoff_s: float = 0.5,
-        connect_backoff_s: float = 5.0,
-        message_limit: int = MESSAGE_LIMIT,
     ) -> None:
         self.settings = settings
         self.access = Access(settings)
-        self.lease_ttl_s = lease_ttl_s
-        self.lease_renew_s = lease_renew_s
-        self.stall_timeout_s = stall_timeout_s
-        self.poll_timeout_s = poll_timeout_s
-        self.poll_backoff_s = poll_backoff_s
-        self.typing_interval_s = typing_interval_s
-        self.send_attempts = send_attempts
-        self.send_backoff_s = send_backoff_s
-        self.connect_backoff_s = connect_backoff_s
-        self.message_limit = message_limit
+        self.lease_ttl_s = settings.lease_ttl_s
+        self.lease_renew_s = settings.lease_renew_s
+        self.stall_timeout_s = settings.stall_timeout_s
+        self.poll_timeout_s = settings.poll_timeout_s
+        self.poll_backoff_s = settings.poll_backoff_s
+        self.typing_interval_s = settings.typing_interval_s
+        self.send_attempts = settings.send_attempts
+        self.send_backoff_s = settings.send_backoff_s
+        self.connect_backoff_s = settings.connect_backoff_s
+        self.message_limit = settings.message_limit
         self.me: BotIdentity | None = None
         self.poller: PollingIntake | None = None
         self._ctx: ChannelContext | None = None

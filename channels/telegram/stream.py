@@ -24,7 +24,7 @@ from channels.telegram.send import ChatRef, TelegramSender
 
 log = structlog.get_logger(__name__)
 
-TYPING_INTERVAL_S = 4.0
+TYPING_INTERVAL_S = 4.0  # the default of TelegramSettings.typing_interval_s
 
 
 class TelegramReplyStream:

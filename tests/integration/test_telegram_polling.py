@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -191,3 +193,27 @@ async def test_rejected_token_fails_start_without_leaking_it(h: TelegramHarness)
         await channel.start(h.recorder.context())
     assert "wrong-token-value" not in str(err.value)
     await channel.stop()
+
+
+async def test_botd_run_with_a_rejected_token_prints_one_line_and_exits_2(
+    h: TelegramHarness, redis_url: str, redis_prefix: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "botd.yaml"
+    config.write_text(
+        f"agent: {{workspace: {tmp_path / 'ws'}}}\n"
+        f"redis: {{url: '{redis_url}', prefix: {redis_prefix}}}\n"
+        "llm: {api_key: test-key}\n"
+        "http: {port: 0}\n"
+        f"telegram: {{enabled: true, token: '999:wrong-token-value', api_base_url: '{h.fake.base_url}'}}\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "run", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _, raw_err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    err = raw_err.decode()
+    assert proc.returncode == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("botd:")]
+    assert lines == ["botd: the Bot API rejected telegram.token; check the token"]
+    assert "Traceback" not in err
+    assert "wrong-token-value" not in err
