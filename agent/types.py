@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -19,16 +19,6 @@ Role = Literal["system", "user", "assistant", "tool"]
 RunStatus = Literal["completed", "failed", "cancelled", "max_iterations"]
 # Did a run's answer reach the chat? Shared by the gateway's outcomes and the scheduler's ledger.
 DeliveryStatus = Literal["delivered", "silent", "failed", "unknown"]
-EventType = Literal[
-    "run.started",
-    "chunk",
-    "reasoning",
-    "tool.call",
-    "tool.result",
-    "run.completed",
-    "run.failed",
-    "run.cancelled",
-]
 
 
 def new_id() -> str:
@@ -164,17 +154,74 @@ class Usage(BaseModel):
         )
 
 
-class AgentEvent(BaseModel):
-    """Something that happened during a run, streamed to the reply path and traces."""
-
-    type: EventType
+class _Event(BaseModel):
     run_id: str = ""
-    text: str = ""
-    tool_call: ToolCall | None = None
-    tool_result: Message | None = None
+
+
+class RunStartedEvent(_Event):
+    type: Literal["run.started"] = "run.started"
+
+
+class ChunkEvent(_Event):
+    """A delta of the answer's text, as the model streams it."""
+
+    type: Literal["chunk"] = "chunk"
+    text: str
+
+
+class ReasoningEvent(_Event):
+    """A delta of the model's reasoning (kept out of chats)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    text: str
+
+
+class ToolCallEvent(_Event):
+    type: Literal["tool.call"] = "tool.call"
+    tool_call: ToolCall
+
+
+class ToolResultEvent(_Event):
+    """A tool call finished (or was cancelled); ``error`` is set when it failed."""
+
+    type: Literal["tool.result"] = "tool.result"
+    tool_call: ToolCall
+    tool_result: Message
     duration_ms: float | None = None
     error: str | None = None
+
+
+class RunCompletedEvent(_Event):
+    type: Literal["run.completed"] = "run.completed"
+    text: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunFailedEvent(_Event):
+    type: Literal["run.failed"] = "run.failed"
+    error: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunCancelledEvent(_Event):
+    type: Literal["run.cancelled"] = "run.cancelled"
+    text: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+# Something that happened during a run, streamed to the reply path and traces: one class
+# per ``type``, so a consumer matches on the class and every field it reads is there.
+AgentEvent = Annotated[
+    RunStartedEvent
+    | ChunkEvent
+    | ReasoningEvent
+    | ToolCallEvent
+    | ToolResultEvent
+    | RunCompletedEvent
+    | RunFailedEvent
+    | RunCancelledEvent,
+    Field(discriminator="type"),
+]
 
 
 class RunResult(BaseModel):

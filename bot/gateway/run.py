@@ -30,7 +30,17 @@ from agent.loop import RunCancelled, run_loop
 from agent.prompt import PromptSpec, build_system_prompt
 from agent.tasks import uncancel_current
 from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings
-from agent.types import AgentEvent, DeliveryStatus, Message, RunRequest, RunResult, Usage
+from agent.types import (
+    AgentEvent,
+    ChunkEvent,
+    DeliveryStatus,
+    Message,
+    RunRequest,
+    RunResult,
+    ToolCallEvent,
+    ToolResultEvent,
+    Usage,
+)
 from bot import metrics
 from bot.config import BotdConfig
 from bot.gateway.reply import DeliveryLedger, Reply, notify
@@ -128,17 +138,17 @@ class RunObserver:
         self._trace = trace
 
     async def __call__(self, event: AgentEvent) -> None:
-        if event.type == "chunk":
+        if isinstance(event, ChunkEvent):
             await self._reply.on_chunk(event.text)
-        elif event.type == "tool.call":
+        elif isinstance(event, ToolCallEvent):
             self._reply.reset_text()
-        elif event.type == "tool.result" and event.tool_call is not None:
+        elif isinstance(event, ToolResultEvent):
             result = event.tool_result
-            failed = bool(result and result.is_error)
+            failed = result.is_error
             metrics.TOOL_CALLS.labels(event.tool_call.name, "error" if failed else "ok").inc()
             attrs: dict[str, Any] = {}
             if verbose():
-                attrs = {"input": clip(event.tool_call.arguments), "output": clip(result.content or "" if result else "")}
+                attrs = {"input": clip(event.tool_call.arguments), "output": clip(result.content or "")}
             self._trace.spans.append(_tool_span(event, failed, attrs))
 
 
@@ -341,12 +351,11 @@ def _status(result: RunResult) -> OutcomeStatus:
     return "max_iterations" if result.status == "max_iterations" else "completed"
 
 
-def _tool_span(event: AgentEvent, failed: bool, attrs: dict[str, Any]) -> Span:
-    assert event.tool_call is not None
+def _tool_span(event: ToolResultEvent, failed: bool, attrs: dict[str, Any]) -> Span:
     ms = event.duration_ms or 0.0
     return Span(
         kind="tool", name=event.tool_call.name, start=time.time() - ms / 1000, ms=round(ms, 2),
-        error=(event.tool_result.content or "")[:200] if failed and event.tool_result else None, attrs=attrs,
+        error=(event.tool_result.content or "")[:200] if failed else None, attrs=attrs,
     )
 
 
