@@ -40,6 +40,32 @@ class ToolPolicy(BaseModel):
     allow: tuple[Category, ...] = ()
 
 
+class TelegramChat(BaseModel):
+    """What the Telegram channel needs to answer in a chat (it replies to the trigger
+    only outside private chats)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    platform: Literal["telegram"] = "telegram"
+    chat_type: str  # private, group, supergroup or channel (as Telegram says)
+    is_forum: bool = False
+
+
+class SlackChat(BaseModel):
+    """The Slack workspace and kind of conversation a request came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    platform: Literal["slack"] = "slack"
+    team: str
+    scope: Literal["dm", "channel"]
+
+
+# Platform facts about the chat, chosen by the channel that built the request and handed
+# back to it with the reply's Target (channels.base.Target).
+ChatRef = Annotated[TelegramChat | SlackChat, Field(discriminator="platform")]
+
+
 class RunRequest(BaseModel):
     """One unit of work for the gateway: a chat message, a heartbeat or a cron fire."""
 
@@ -58,7 +84,8 @@ class RunRequest(BaseModel):
     tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
     received_at: float = Field(default_factory=time.time)
     dedupe_key: str | None = None
-    # Free-form adapter data the gateway hands back to the channel (e.g. Slack team id).
+    chat: ChatRef | None = None
+    # Scheduling facts for the daemon (job_id, fire_time, trigger, fresh_session, timeout_s).
     meta: dict[str, str] = Field(default_factory=dict)
 
 

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from aiohttp import web
 
-from agent.types import RunRequest
+from agent.types import ChatRef, RunRequest
 
 Scope = Literal["dm", "group", "channel"]
 ThreadKind = Literal["thread", "topic"]
@@ -29,7 +29,7 @@ class Target:
     thread_id: str | None = None
     reply_to: str | None = None
     user_id: str | None = None
-    meta: dict[str, str] = field(default_factory=dict)
+    chat: ChatRef | None = None  # the platform facts the channel chose when it built the request
 
     @classmethod
     def of(cls, req: RunRequest) -> Target:
@@ -39,7 +39,7 @@ class Target:
             thread_id=req.thread_id,
             reply_to=req.reply_to,
             user_id=req.user_id or None,
-            meta=dict(req.meta),
+            chat=req.chat,
         )
 
 

@@ -343,7 +343,6 @@ class RunExecutor:
             timezone=tz_name,
             agent_id=cfg.agent.id,
             model=cfg.llm.model,
-            task=req.meta.get("task"),
         )
 
 

@@ -22,7 +22,7 @@ from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup
 from telegram.error import InvalidToken, TelegramError
 from telegram.request import HTTPXRequest
 
-from agent.types import RunRequest
+from agent.types import RunRequest, TelegramChat
 from channels.base import ChannelContext, ChannelStartError, ReplyStream, Target
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
@@ -270,11 +270,6 @@ class TelegramChannel:
     def _run_request(self, inbound: Inbound, ctx: ChannelContext) -> RunRequest:
         key = ctx.session_key(inbound.scope, inbound.chat_id, topic=inbound.topic_id)
         dedupe = f"telegram:cb:{inbound.callback_id}" if inbound.callback_id else f"telegram:{inbound.update_id}"
-        meta = {"chat_type": inbound.chat_type, "is_forum": "true" if inbound.is_forum else "false"}
-        if inbound.username:
-            meta["username"] = inbound.username
-        if self.access.user_listed_id(inbound.user_id, inbound.username):
-            meta["allowlisted"] = "true"
         return RunRequest(
             session_key=key,
             channel="telegram",
@@ -285,7 +280,7 @@ class TelegramChannel:
             text=inbound.text,
             reply_to=inbound.message_id,
             dedupe_key=dedupe,
-            meta=meta,
+            chat=TelegramChat(chat_type=inbound.chat_type, is_forum=inbound.is_forum),
         )
 
     async def _answer_callback(self, callback_id: str, text: str | None) -> None:
@@ -349,7 +344,10 @@ def chat_ref(target: Target) -> ChatRef:
     """Where a reply goes: topic thread if any; a reply to the trigger only in groups."""
     chat_id: int | str = int(target.chat_id) if re.fullmatch(r"-?\d+", target.chat_id) else target.chat_id
     thread = int(target.thread_id) if target.thread_id and target.thread_id.isdigit() else None
-    chat_type = target.meta.get("chat_type") or ("private" if isinstance(chat_id, int) and chat_id > 0 else "group")
+    if isinstance(target.chat, TelegramChat):
+        chat_type: str = target.chat.chat_type
+    else:
+        chat_type = "private" if isinstance(chat_id, int) and chat_id > 0 else "group"
     reply_to = None
     if chat_type != "private" and target.reply_to and target.reply_to.isdigit():
         reply_to = int(target.reply_to)

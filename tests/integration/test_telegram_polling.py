@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
+from agent.types import TelegramChat
 from tests.fakes.telegram_context import TelegramHarness
 
 pytestmark = pytest.mark.timeout(60)
@@ -32,7 +33,7 @@ async def test_dm_is_submitted_as_run_request(h: TelegramHarness) -> None:
     assert (req.channel, req.chat_id, req.user_id, req.user_name, req.text) == ("telegram", "42", "42", "Ann", "hello bot")
     assert req.dedupe_key == f"telegram:{update_id}"
     assert req.reply_to == str(msg["message_id"]) and req.thread_id is None
-    assert req.meta["chat_type"] == "private" and req.meta["allowlisted"] == "true"
+    assert req.chat == TelegramChat(chat_type="private", is_forum=False)
 
 
 async def test_group_topic_session_and_thread(h: TelegramHarness) -> None:
@@ -42,7 +43,7 @@ async def test_group_topic_session_and_thread(h: TelegramHarness) -> None:
     topic, general = await h.recorder.wait_requests(2)
     assert topic.session_key == "agent:main:telegram:group:-1005:topic:77" and topic.thread_id == "77"
     assert general.session_key == "agent:main:telegram:group:-1005" and general.thread_id is None
-    assert topic.meta["is_forum"] == "true"
+    assert isinstance(topic.chat, TelegramChat) and topic.chat.is_forum
 
 
 async def test_deletes_webhook_before_polling(h: TelegramHarness) -> None:
