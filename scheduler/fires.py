@@ -231,11 +231,8 @@ class CronFires:
     ) -> RunRecord | None:
         """A scheduled (or caught-up) fire; None when another replica has it or it does not apply."""
         async with self._gate:
-            if not await self._claims.claim(job_id, fire_time, self._owner):
-                return None
-            await self._claims.note_fire(job_id, fire_time)
-            job = await self._load(job_id)
-            if job is None or not job.enabled:
+            job = await self._claim(job_id, fire_time)
+            if job is None:
                 return None
             if job.not_before is not None and fire_time < job.not_before - _FLOOR_TOLERANCE:
                 log.info(
@@ -253,11 +250,8 @@ class CronFires:
     async def skip_missed(self, job_id: str, fire_time: datetime, reason: str) -> RunRecord | None:
         """Record a missed fire as skipped (catch_up: skip), once across replicas."""
         async with self._gate:
-            if not await self._claims.claim(job_id, fire_time, self._owner):
-                return None
-            await self._claims.note_fire(job_id, fire_time)
-            job = await self._load(job_id)
-            if job is None or not job.enabled:
+            job = await self._claim(job_id, fire_time)
+            if job is None:
                 return None
             record = RunLedger.skipped(
                 job_id, reason, at=self._clock(), fire_time=fire_time, trigger="catch_up"
@@ -276,6 +270,17 @@ class CronFires:
             if token is None:
                 return await self._skip_overlap(job, now, "run_now", request_id)
         return await self._run(job, token, now, "run_now", request_id)
+
+    async def _claim(self, job_id: str, fire_time: datetime) -> CronJob | None:
+        """Claim the fire (once across replicas) and load its job; None when another
+        replica has the fire or the job is gone or disabled."""
+        if not await self._claims.claim(job_id, fire_time, self._owner):
+            return None
+        await self._claims.note_fire(job_id, fire_time)
+        job = await self._load(job_id)
+        if job is None or not job.enabled:
+            return None
+        return job
 
     async def _load(self, job_id: str) -> CronJob | None:
         try:

@@ -27,6 +27,7 @@ import redis.asyncio as aioredis
 from agent.types import RunRequest
 from bot.store.keys import Keys
 from bot.store.kv import ttl_ms
+from bot.store.locks import ACQUIRE
 
 _ENQUEUE = """
 if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
@@ -66,18 +67,6 @@ _KEEP_MS = 7 * 24 * 3600 * 1000
 
 DEDUPE_TTL_S = 86400.0
 
-# Set the token if absent; 1 also when the key already holds this very token (a retry).
-MARK_ONCE = """
-local current = redis.call('GET', KEYS[1])
-if not current then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if current == ARGV[1] then
-  return 1
-end
-return 0
-"""
 
 
 class Deduper:
@@ -86,7 +75,8 @@ class Deduper:
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self._client = client
         self._keys = keys
-        self._mark = client.register_script(MARK_ONCE)
+        # The lease script: set the token if absent (each call brings a fresh token).
+        self._mark = client.register_script(ACQUIRE)
 
     async def first_time(self, key: str, ttl_s: float = DEDUPE_TTL_S) -> bool:
         """True exactly once per ``key`` within ``ttl_s`` (default 24 h)."""
