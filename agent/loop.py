@@ -19,7 +19,22 @@ import structlog
 from agent.llm_types import ChatModel, LLMError, LLMResponse, StreamDelta
 from agent.tools.policy import authorize
 from agent.tools.registry import ApprovalCallback, ToolContext, ToolError, ToolOutput, ToolRegistry
-from agent.types import AgentEvent, Message, RunResult, RunStatus, ToolCall, Usage
+from agent.types import (
+    AgentEvent,
+    ChunkEvent,
+    Message,
+    ReasoningEvent,
+    RunCancelledEvent,
+    RunCompletedEvent,
+    RunFailedEvent,
+    RunResult,
+    RunStartedEvent,
+    RunStatus,
+    ToolCall,
+    ToolCallEvent,
+    ToolResultEvent,
+    Usage,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -111,12 +126,12 @@ class _Run:
 
     async def run(self, max_iterations: int) -> RunResult:
         try:
-            await self.emit(AgentEvent(type="run.started", run_id=self.run_id))
+            await self.emit(RunStartedEvent(run_id=self.run_id))
             result = await self._execute(max_iterations)
             if result.status == "failed":
-                await self.emit(AgentEvent(type="run.failed", run_id=self.run_id, error=result.error, data=_summary(result)))
+                await self.emit(RunFailedEvent(run_id=self.run_id, error=result.error, data=_summary(result)))
             else:
-                await self.emit(AgentEvent(type="run.completed", run_id=self.run_id, text=result.text, data=_summary(result)))
+                await self.emit(RunCompletedEvent(run_id=self.run_id, text=result.text, data=_summary(result)))
             return result
         except asyncio.CancelledError:
             result = await self._close_cancelled()
@@ -194,10 +209,10 @@ class _Run:
     async def _on_delta(self, delta: StreamDelta) -> None:
         if delta.kind == "text":
             self.partial_text.append(delta.text)
-            await self.emit(AgentEvent(type="chunk", run_id=self.run_id, text=delta.text))
+            await self.emit(ChunkEvent(run_id=self.run_id, text=delta.text))
         else:
             self.partial_reasoning.append(delta.text)
-            await self.emit(AgentEvent(type="reasoning", run_id=self.run_id, text=delta.text))
+            await self.emit(ReasoningEvent(run_id=self.run_id, text=delta.text))
 
     # -- tools ----------------------------------------------------------------------
     async def _run_tools(self, calls: list[ToolCall]) -> None:
@@ -215,13 +230,12 @@ class _Run:
 
     async def _run_tool(self, call: ToolCall, results: list[Message | None], index: int) -> None:
         started = time.monotonic()
-        await self.emit(AgentEvent(type="tool.call", run_id=self.run_id, tool_call=call))
+        await self.emit(ToolCallEvent(run_id=self.run_id, tool_call=call))
         output = await self._execute_tool(call)
         result = Message.tool(call.id, output.content, is_error=output.is_error)
         results[index] = result
         await self.emit(
-            AgentEvent(
-                type="tool.result",
+            ToolResultEvent(
                 run_id=self.run_id,
                 tool_call=call,
                 tool_result=result,
@@ -287,12 +301,12 @@ class _Run:
         try:
             for call, message in cancelled:
                 await self.emit(
-                    AgentEvent(
-                        type="tool.result", run_id=self.run_id, tool_call=call, tool_result=message,
+                    ToolResultEvent(
+                        run_id=self.run_id, tool_call=call, tool_result=message,
                         error=CANCELLED_TOOL_RESULT,
                     )
                 )
-            await self.emit(AgentEvent(type="run.cancelled", run_id=self.run_id, text=partial, data=_summary(result)))
+            await self.emit(RunCancelledEvent(run_id=self.run_id, text=partial, data=_summary(result)))
         except asyncio.CancelledError:
             self.log.warning("agent.cancel_events_interrupted")
         self.log.info("agent.run_cancelled", iterations=self.iterations, messages=len(self.new))

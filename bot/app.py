@@ -19,12 +19,11 @@ from agent.tools.registry import ToolRegistry, ToolSettings
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
 from bot.gateway.approvals import Approvals
-from bot.gateway.broadcast import Broadcast
-from bot.gateway.commands import COMMANDS
-from bot.gateway.control import ControlCommands
-from bot.gateway.delivery import DeliveryLedger
+from bot.gateway.control import COMMANDS, ControlCommands
 from bot.gateway.gateway import Gateway
-from bot.gateway.runner import RunDeps, RunExecutor
+from bot.gateway.reply import DeliveryLedger
+from bot.gateway.run import RunDeps, RunExecutor
+from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
 from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key
@@ -35,7 +34,6 @@ from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
 from channels.base import ChannelAdapter, ChannelContext, RouteHandler, Scope
 from scheduler.cron_tool import CronTool
-from scheduler.ports import JobTarget
 from scheduler.service import SchedulerService
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import JobStore
@@ -80,11 +78,10 @@ def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
     if cfg.telegram.enabled:
         from channels.telegram import TelegramChannel, TelegramSettings
 
-        settings = TelegramSettings.from_section(cfg.telegram)
+        settings = TelegramSettings.from_config(cfg.telegram)
         register_secret(settings.token)
         register_secret(settings.webhook_secret)
-        lease_s = cfg.telegram.poll_lease_s
-        out["telegram"] = TelegramChannel(settings, lease_ttl_s=lease_s, lease_renew_s=lease_s / 3)
+        out["telegram"] = TelegramChannel(settings)
     if cfg.slack.enabled:
         from channels.slack import SlackChannel, SlackSettings
 
@@ -93,17 +90,6 @@ def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
             register_secret(secret)
         out["slack"] = SlackChannel(slack)
     return out
-
-
-def heartbeat_settings(cfg: BotdConfig) -> HeartbeatSettings:
-    hb = cfg.heartbeat
-    target = None
-    if hb.target.channel and hb.target.chat_id:
-        target = JobTarget(channel=hb.target.channel, chat_id=hb.target.chat_id, thread_id=hb.target.thread_id)
-    return HeartbeatSettings(
-        enabled=hb.enabled, every=hb.every, active_hours=hb.active_hours, timezone=hb.timezone,
-        target=target, prompt=hb.prompt,
-    )
 
 
 @dataclass
@@ -120,7 +106,7 @@ class App:
         cfg, client, prefix = self.cfg, self.store.client, self.cfg.redis.prefix
         keys = self.store.keys
         self.sessions = SessionStore(client, keys)
-        self.jobs = JobStore(client, prefix)
+        self.jobs = JobStore(client, keys)
         self.tool_settings = tool_settings(cfg)
         try:
             declared = load_tools(self.tool_settings, cfg.security.cli_tools_file)
@@ -152,9 +138,10 @@ class App:
             cfg, client, self.executor, self.channels, self.broadcast, self.ledger, self.control, lock_factory
         )
         self.scheduler = SchedulerService(
-            client, prefix, GatewayScheduledRunner(self.gateway, self.channels),
-            heartbeat=heartbeat_settings(cfg),
-            settings=SchedulerSettings(timezone=cfg.scheduler.timezone, catch_up=cfg.scheduler.catch_up),
+            client, keys, GatewayScheduledRunner(self.gateway, self.channels),
+            signals=self.broadcast,
+            heartbeat=HeartbeatSettings.from_config(cfg.heartbeat),
+            settings=SchedulerSettings.from_config(cfg.scheduler),
             workspace=cfg.workspace,
             session_key_for_job=partial(cron_session_key, cfg.agent.id),
             heartbeat_session_key=heartbeat_session_key(cfg.agent.id),

@@ -73,6 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
     from bot import cli_commands as commands
     from bot.store.errors import StoreUnavailable
+    from channels.base import ChannelStartError
 
     try:
         if args.command == "run":
@@ -90,6 +91,9 @@ async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
     except StoreUnavailable as exc:
         print(f"botd: {exc}", file=sys.stderr)
         return 1
+    except ChannelStartError as exc:
+        print(f"botd: {exc}", file=sys.stderr)
+        return 2
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2

@@ -67,11 +67,11 @@ async def doctor(cfg: BotdConfig) -> int:
 
 async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
     from scheduler import cron_commands as cc
-    from scheduler.errors import CronError
+    from scheduler.schedules import CronError
     from scheduler.store import JobStore
 
     async with store(cfg) as handle:
-        jobs = JobStore(handle.client, cfg.redis.prefix)
+        jobs = JobStore(handle.client, handle.keys)
         try:
             if args.cron_command == "add":
                 options = cc.CronAddOptions(

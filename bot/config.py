@@ -23,8 +23,6 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from scheduler.durations import parse_duration
-
 # Plain environment names honoured besides BOTD_…__… (name -> (section, key)).
 PLAIN_ENV: dict[str, tuple[str, str]] = {
     "OPENAI_API_KEY": ("llm", "api_key"),
@@ -190,38 +188,26 @@ class HeartbeatConfig(_Section):
     target: TargetConfig = Field(default_factory=TargetConfig)
     prompt: str | None = None
 
-    @field_validator("every")
-    @classmethod
-    def _every(cls, value: str) -> str:
-        if parse_duration(value) < 300:
-            raise ValueError("must be at least 5m")
-        return value
+    @model_validator(mode="after")
+    def _check(self) -> HeartbeatConfig:
+        # One set of rules: the scheduler's own settings check every, timezone and
+        # active_hours (the same code that later uses them); here they run at load time.
+        from scheduler.settings import HeartbeatSettings
 
-    @field_validator("timezone")
-    @classmethod
-    def _tz(cls, value: str) -> str:
-        return _check_timezone(value)
-
-    @field_validator("active_hours")
-    @classmethod
-    def _hours(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        import re
-
-        if not re.fullmatch(r"([01]\d|2[0-4]):[0-5]\d-([01]\d|2[0-4]):[0-5]\d", value.strip()):
-            raise ValueError('must look like "09:00-22:00"')
-        return value.strip()
+        HeartbeatSettings.from_config(self, enabled=False)
+        return self
 
 
 class SchedulerConfig(_Section):
     timezone: str = "UTC"
     catch_up: Literal["once", "skip"] = "once"
 
-    @field_validator("timezone")
-    @classmethod
-    def _tz(cls, value: str) -> str:
-        return _check_timezone(value)
+    @model_validator(mode="after")
+    def _check(self) -> SchedulerConfig:
+        from scheduler.settings import SchedulerSettings
+
+        SchedulerSettings.from_config(self)
+        return self
 
 
 class LogConfig(_Section):
@@ -280,16 +266,6 @@ def _string_list(value: Any) -> Any:
     return value
 
 
-def _check_timezone(value: str) -> str:
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
-
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValueError(f"unknown IANA timezone {value!r}") from exc
-    return value
-
-
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
     """``--config``, else ``$BOTD_CONFIG``, else ``./botd.yaml`` when present."""
     if explicit:
@@ -336,5 +312,6 @@ def format_validation_error(exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"] if p not in ("function-after",)) or "(config)"
         msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"config error: {loc}: {msg}")
+        # A section-level check names its own key ("heartbeat.every: ..."): say it once.
+        lines.append(f"config error: {msg}" if msg.startswith(f"{loc}.") else f"config error: {loc}: {msg}")
     return "\n".join(lines)

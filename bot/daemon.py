@@ -98,10 +98,8 @@ class Daemon:
             await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s)
         # Intake stopped first; replies of finishing runs needed the clients until now.
         for channel in self._started_channels:
-            close = getattr(channel, "aclose", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    await close()
+            with contextlib.suppress(Exception):
+                await channel.aclose()
         if self.http is not None:
             await self.http.stop()
         await self._lag.stop()

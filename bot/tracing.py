@@ -12,6 +12,8 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
 
+from bot.store.keys import Keys
+
 VERBOSE_LIMIT = 50_000
 _TTL_S = 7 * 24 * 3600
 _INDEX_CAP = 1000
@@ -55,17 +57,18 @@ class Trace(BaseModel):
 class TraceStore:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self._r = client
-        self._prefix = prefix
+        self._keys = Keys(prefix)
 
     def _key(self, run_id: str) -> str:
-        return f"{self._prefix}:trace:{run_id}"
+        return self._keys.trace(run_id)
 
     async def save(self, trace: Trace) -> None:
         pipe = self._r.pipeline(transaction=True)
         pipe.set(self._key(trace.run_id), trace.model_dump_json(), ex=_TTL_S)
-        pipe.lrem(f"{self._prefix}:traces", 0, trace.run_id)
-        pipe.lpush(f"{self._prefix}:traces", trace.run_id)
-        pipe.ltrim(f"{self._prefix}:traces", 0, _INDEX_CAP - 1)
+        index = self._keys.trace_index()
+        pipe.lrem(index, 0, trace.run_id)
+        pipe.lpush(index, trace.run_id)
+        pipe.ltrim(index, 0, _INDEX_CAP - 1)
         await pipe.execute()
 
     async def load(self, run_id: str) -> Trace | None:
@@ -73,7 +76,7 @@ class TraceStore:
         return Trace.model_validate_json(raw) if raw else None
 
     async def recent(self, limit: int = 20) -> list[str]:
-        return [str(x) for x in await self._r.lrange(f"{self._prefix}:traces", 0, limit - 1)]
+        return [str(x) for x in await self._r.lrange(self._keys.trace_index(), 0, limit - 1)]
 
 
 def render_trace(trace: Trace) -> str:

@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from aiohttp import web
 
-from agent.types import RunRequest
+from agent.types import ChatRef, RunRequest
 
 Scope = Literal["dm", "group", "channel"]
 ThreadKind = Literal["thread", "topic"]
@@ -29,7 +29,7 @@ class Target:
     thread_id: str | None = None
     reply_to: str | None = None
     user_id: str | None = None
-    meta: dict[str, str] = field(default_factory=dict)
+    chat: ChatRef | None = None  # the platform facts the channel chose when it built the request
 
     @classmethod
     def of(cls, req: RunRequest) -> Target:
@@ -39,7 +39,7 @@ class Target:
             thread_id=req.thread_id,
             reply_to=req.reply_to,
             user_id=req.user_id or None,
-            meta=dict(req.meta),
+            chat=req.chat,
         )
 
 
@@ -103,14 +103,25 @@ class ReplyStream(Protocol):
     async def close(self) -> None: ...
 
 
+class ChannelStartError(RuntimeError):
+    """A channel cannot start: the platform rejected a token, or it cannot be reached.
+
+    The message names the config key to check and is safe to show (no secrets); the CLI
+    prints it as one line and exits with code 2.
+    """
+
+
 @runtime_checkable
 class ChannelAdapter(Protocol):
-    """One chat platform."""
+    """One chat platform, with its whole lifecycle, driven by the daemon in this order:
+    ``start`` (raises :class:`ChannelStartError`), ``stop`` (no more intake; replies of
+    runs still finishing may be sent), ``aclose`` (release the clients)."""
 
     name: str
 
     async def start(self, ctx: ChannelContext) -> None: ...
     async def stop(self) -> None: ...
+    async def aclose(self) -> None: ...
     def is_ready(self) -> bool: ...
     def format_parts(self, markdown: str) -> list[str]: ...
     def open_stream(self, target: Target, run_id: str) -> ReplyStream: ...

@@ -87,6 +87,9 @@ class ConsoleChannel:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    async def aclose(self) -> None:
+        """The console holds no clients: :meth:`stop` released everything."""
+
     def is_ready(self) -> bool:
         return self._task is not None and not self._task.done()
 

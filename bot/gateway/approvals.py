@@ -17,7 +17,8 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 
-from bot.gateway.broadcast import Broadcast
+from bot.gateway.signals import Broadcast
+from bot.store.keys import Keys
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +47,7 @@ def summarize_call(tool: str, args: dict[str, Any], limit: int = 600) -> str:
 class Approvals:
     def __init__(self, client: aioredis.Redis, prefix: str, broadcast: Broadcast, timeout_s: float = 300.0) -> None:
         self._r = client
-        self._prefix = prefix
+        self._keys = Keys(prefix)
         self._timeout_s = timeout_s
         self._waiters: dict[str, asyncio.Event] = {}
         self._resolve = client.register_script(_RESOLVE)
@@ -55,10 +56,10 @@ class Approvals:
 
     @property
     def channel(self) -> str:
-        return f"{self._prefix}:approvals"
+        return self._keys.approvals_channel()
 
     def _key(self, approval_id: str) -> str:
-        return f"{self._prefix}:approval:{approval_id}"
+        return self._keys.approval(approval_id)
 
     async def request(
         self, *, session_key: str, chat_id: str, run_id: str, user_id: str, tool: str, args: dict[str, Any], ask: AskFn

@@ -1,4 +1,5 @@
-"""Answers to control commands (/stop, /stopall, /new, /status, /help, /approve, /deny).
+"""Control commands (/stop, /stopall, /new, /status, /help, /approve, /deny): recognised
+in any channel, answered at once, never queued.
 
 They bypass the queue, the debounce and the input guard: a /stop must never wait
 behind the run it is meant to stop.
@@ -6,6 +7,8 @@ behind the run it is meant to stop.
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from typing import Protocol
 
 import redis.asyncio as aioredis
@@ -14,16 +17,56 @@ import structlog
 from agent.types import RunRequest
 from bot import metrics
 from bot.gateway.approvals import Approvals
-from bot.gateway.commands import HELP_TEXT, Command
-from bot.gateway.delivery import DeliveryLedger
-from bot.gateway.inbox import Inbox
-from bot.gateway.reply import notify
-from bot.store.dedupe import Deduper
+from bot.gateway.inbox import Deduper, Inbox
+from bot.gateway.reply import DeliveryLedger, notify
 from bot.store.keys import Keys
 from bot.store.sessions import SessionStore
 from channels.base import ChannelAdapter, Target
 
 log = structlog.get_logger(__name__)
+
+COMMANDS: tuple[tuple[str, str], ...] = (
+    ("stop", "Stop the current run"),
+    ("stopall", "Stop the current run and drop queued messages"),
+    ("new", "Start a fresh session"),
+    ("status", "Show model, tokens, queue and active run"),
+    ("help", "List the commands"),
+)
+
+HELP_TEXT = (
+    "Commands:\n"
+    "/stop — stop the current run\n"
+    "/stopall — stop the current run and drop queued messages\n"
+    "/new — start a fresh session\n"
+    "/status — model, tokens, queue and active run\n"
+    "/approve ID, /deny ID — answer a tool approval request\n"
+    "/help — this list"
+)
+
+_COMMAND = re.compile(r"^/(stop|stopall|new|reset|status|help|approve|deny)(?:@[A-Za-z0-9_]+)?(?:\s+(\S+))?\s*$", re.I)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    arg: str | None = None
+
+
+def parse_command(text: str) -> Command | None:
+    """The control command in ``text``, or None when it is an ordinary message."""
+    match = _COMMAND.match(text.strip())
+    if match is None:
+        return None
+    name = match.group(1).lower()
+    if name == "reset":
+        name = "new"
+    arg = match.group(2)
+    if name in ("approve", "deny") and not arg:
+        return None
+    if name not in ("approve", "deny") and arg:
+        return None
+    return Command(name, arg)
+
 
 # How long /new waits for a stopped run to end (its tools get 10 s to die) before resetting.
 NEW_SESSION_WAIT_S = 12.0

@@ -39,7 +39,7 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.base import ChannelContext, SubmitResult, Target
+from channels.base import ChannelContext, ChannelStartError, SubmitResult, Target
 from channels.slack.access import AccessPolicy
 from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.approval import approval_decided, approval_prompt
@@ -78,7 +78,7 @@ def _submitted(result: SubmitResult) -> Outcome:
     return Outcome("submitted", result.status)
 
 
-class SlackStartError(RuntimeError):
+class SlackStartError(ChannelStartError):
     """The channel could not start (bad token, Slack unreachable); the message says why."""
 
     @classmethod
@@ -237,6 +237,9 @@ class SlackChannel:
         if self._session is not None:
             await self._session.close()
             self._session = None
+
+    async def aclose(self) -> None:
+        """Nothing left to release: :meth:`stop` already closed the Slack clients."""
 
     def is_ready(self) -> bool:
         if self._session is None or self._identity is None:

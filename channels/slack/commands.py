@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import structlog
 
-from agent.types import RunRequest
+from agent.types import RunRequest, SlackChat
 from channels.base import ChannelContext, SubmitResult
 from channels.slack.access import AccessPolicy
 from channels.slack.intake import last_thread_key
@@ -124,7 +124,7 @@ class CommandIntake:
             user_name=plan.user_name,
             text=plan.control,
             dedupe_key=f"slack:{plan.team}:command:{plan.trigger}" if plan.trigger else None,
-            meta={"team": plan.team, "scope": "dm" if is_dm else "channel"},
+            chat=SlackChat(team=plan.team, scope="dm" if is_dm else "channel"),
         )
         result = await self._ctx.submit(request)
         log.info("slack.command_submitted", run_id=request.run_id, text=plan.control, status=result.status)
@@ -192,7 +192,7 @@ class CommandIntake:
             text=f"/{answer.decision} {answer.approval_id}",
             reply_to=answer.message_ts,
             dedupe_key=f"slack:{answer.team}:action:{answer.trigger}" if answer.trigger else None,
-            meta={"team": answer.team, "scope": "dm" if is_dm else "channel"},
+            chat=SlackChat(team=answer.team, scope="dm" if is_dm else "channel"),
         )
         result = await self._ctx.submit(request)
         log.info(

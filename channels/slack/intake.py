@@ -40,7 +40,7 @@ from typing import Any, Literal
 
 import structlog
 
-from agent.types import RunRequest
+from agent.types import RunRequest, SlackChat
 from channels.base import ChannelContext
 from channels.slack.access import AccessPolicy
 from channels.slack.text import strip_mention, to_plain
@@ -242,5 +242,5 @@ class SlackIntake:
             text=text,
             reply_to=ts,
             dedupe_key=dedupe,
-            meta={"team": team, "scope": "dm" if is_dm else "channel"},
+            chat=SlackChat(team=team, scope="dm" if is_dm else "channel"),
         )

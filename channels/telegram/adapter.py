@@ -22,8 +22,8 @@ from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup
 from telegram.error import InvalidToken, TelegramError
 from telegram.request import HTTPXRequest
 
-from agent.types import RunRequest
-from channels.base import ChannelContext, ReplyStream, Target
+from agent.types import RunRequest, TelegramChat
+from channels.base import ChannelContext, ChannelStartError, ReplyStream, Target
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
     CONTROL_COMMANDS,
@@ -37,8 +37,8 @@ from channels.telegram.intake import (
 from channels.telegram.polling import PollingIntake
 from channels.telegram.redact import TokenRedactor, scrub
 from channels.telegram.send import ChatRef, TelegramSender
-from channels.telegram.settings import MESSAGE_LIMIT, TelegramSettings
-from channels.telegram.stream import TYPING_INTERVAL_S, TelegramReplyStream
+from channels.telegram.settings import TelegramSettings
+from channels.telegram.stream import TelegramReplyStream
 from channels.telegram.webhook import BadUpdate, WebhookIntake
 
 log = structlog.get_logger(__name__)
@@ -49,7 +49,7 @@ _COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 APPROVAL_SUMMARY_LIMIT = 3000
 
 
-class TelegramStartError(RuntimeError):
+class TelegramStartError(ChannelStartError):
     """The channel cannot start (e.g. the token was rejected); the message is safe to show."""
 
 
@@ -61,30 +61,19 @@ class TelegramChannel:
     def __init__(
         self,
         settings: TelegramSettings,
-        *,
-        lease_ttl_s: float = 30.0,
-        lease_renew_s: float = 10.0,
-        stall_timeout_s: float = 120.0,
-        poll_timeout_s: int = 25,
-        poll_backoff_s: float = 1.0,
-        typing_interval_s: float = TYPING_INTERVAL_S,
-        send_attempts: int = 4,
-        send_backoff_s: float = 0.5,
-        connect_backoff_s: float = 5.0,
-        message_limit: int = MESSAGE_LIMIT,
     ) -> None:
         self.settings = settings
         self.access = Access(settings)
-        self.lease_ttl_s = lease_ttl_s
-        self.lease_renew_s = lease_renew_s
-        self.stall_timeout_s = stall_timeout_s
-        self.poll_timeout_s = poll_timeout_s
-        self.poll_backoff_s = poll_backoff_s
-        self.typing_interval_s = typing_interval_s
-        self.send_attempts = send_attempts
-        self.send_backoff_s = send_backoff_s
-        self.connect_backoff_s = connect_backoff_s
-        self.message_limit = message_limit
+        self.lease_ttl_s = settings.lease_ttl_s
+        self.lease_renew_s = settings.lease_renew_s
+        self.stall_timeout_s = settings.stall_timeout_s
+        self.poll_timeout_s = settings.poll_timeout_s
+        self.poll_backoff_s = settings.poll_backoff_s
+        self.typing_interval_s = settings.typing_interval_s
+        self.send_attempts = settings.send_attempts
+        self.send_backoff_s = settings.send_backoff_s
+        self.connect_backoff_s = settings.connect_backoff_s
+        self.message_limit = settings.message_limit
         self.me: BotIdentity | None = None
         self.poller: PollingIntake | None = None
         self._ctx: ChannelContext | None = None
@@ -281,11 +270,6 @@ class TelegramChannel:
     def _run_request(self, inbound: Inbound, ctx: ChannelContext) -> RunRequest:
         key = ctx.session_key(inbound.scope, inbound.chat_id, topic=inbound.topic_id)
         dedupe = f"telegram:cb:{inbound.callback_id}" if inbound.callback_id else f"telegram:{inbound.update_id}"
-        meta = {"chat_type": inbound.chat_type, "is_forum": "true" if inbound.is_forum else "false"}
-        if inbound.username:
-            meta["username"] = inbound.username
-        if self.access.user_listed_id(inbound.user_id, inbound.username):
-            meta["allowlisted"] = "true"
         return RunRequest(
             session_key=key,
             channel="telegram",
@@ -296,7 +280,7 @@ class TelegramChannel:
             text=inbound.text,
             reply_to=inbound.message_id,
             dedupe_key=dedupe,
-            meta=meta,
+            chat=TelegramChat(chat_type=inbound.chat_type, is_forum=inbound.is_forum),
         )
 
     async def _answer_callback(self, callback_id: str, text: str | None) -> None:
@@ -360,7 +344,10 @@ def chat_ref(target: Target) -> ChatRef:
     """Where a reply goes: topic thread if any; a reply to the trigger only in groups."""
     chat_id: int | str = int(target.chat_id) if re.fullmatch(r"-?\d+", target.chat_id) else target.chat_id
     thread = int(target.thread_id) if target.thread_id and target.thread_id.isdigit() else None
-    chat_type = target.meta.get("chat_type") or ("private" if isinstance(chat_id, int) and chat_id > 0 else "group")
+    if isinstance(target.chat, TelegramChat):
+        chat_type: str = target.chat.chat_type
+    else:
+        chat_type = "private" if isinstance(chat_id, int) and chat_id > 0 else "group"
     reply_to = None
     if chat_type != "private" and target.reply_to and target.reply_to.isdigit():
         reply_to = int(target.reply_to)

@@ -1,7 +1,7 @@
 """The Telegram channel's settings, decoupled from the daemon's config model.
 
 Channels may not import ``bot``, so the daemon maps its ``telegram`` config section to
-this dataclass (or hands the section to :meth:`TelegramSettings.from_section`, which
+this dataclass (or hands the section to :meth:`TelegramSettings.from_config`, which
 only reads attributes). Secrets are kept out of ``repr``.
 """
 
@@ -32,6 +32,17 @@ class TelegramSettings:
     groups: tuple[str, ...] = ()
     require_mention: bool = True
     stream_edit_interval_s: float = 1.0
+    # Tuning (defaults suit production; tests shorten them).
+    lease_ttl_s: float = 30.0  # the polling leader's lease (``telegram.poll_lease_s``)
+    lease_renew_s: float = 10.0
+    stall_timeout_s: float = 120.0
+    poll_timeout_s: int = 25
+    poll_backoff_s: float = 1.0
+    typing_interval_s: float = 4.0
+    send_attempts: int = 4
+    send_backoff_s: float = 0.5
+    connect_backoff_s: float = 5.0
+    message_limit: int = MESSAGE_LIMIT
 
     def __post_init__(self) -> None:
         if not self.token or ":" not in self.token:
@@ -50,8 +61,11 @@ class TelegramSettings:
             raise ValueError("telegram.stream_edit_interval_s must be positive")
 
     @classmethod
-    def from_section(cls, section: Any) -> TelegramSettings:
+    def from_config(cls, section: Any, **tuning: Any) -> TelegramSettings:
         """Build from any object with the config section's attributes (secrets may be SecretStr)."""
+        lease_s = getattr(section, "poll_lease_s", None)
+        if lease_s is not None:
+            tuning = {"lease_ttl_s": float(lease_s), "lease_renew_s": float(lease_s) / 3, **tuning}
         return cls(
             token=_reveal(section.token) or "",
             api_base_url=section.api_base_url,
@@ -64,6 +78,7 @@ class TelegramSettings:
             groups=tuple(str(x) for x in section.groups),
             require_mention=bool(section.require_mention),
             stream_edit_interval_s=float(section.stream_edit_interval_s),
+            **tuning,
         )
 
     @property

@@ -296,7 +296,7 @@ def test_settings_hide_secrets_and_derive_webhook_secret() -> None:
     assert TOKEN.split(":")[1] not in secret
 
 
-def test_settings_from_section_reveals_secret_values() -> None:
+def test_settings_from_config_reveals_secret_values() -> None:
     class Secret:
         def __init__(self, v: str) -> None:
             self.v = v
@@ -317,7 +317,7 @@ def test_settings_from_section_reveals_secret_values() -> None:
         require_mention = True
         stream_edit_interval_s = 1.5
 
-    s = TelegramSettings.from_section(Section())
+    s = TelegramSettings.from_config(Section())
     assert s.token == TOKEN and s.allow_from == ("42", "@ann") and s.groups == ("-1001",) and s.bot_id == "123456789"
 
 
