@@ -19,6 +19,7 @@ from zoneinfo import ZoneInfo
 
 import structlog
 
+from agent import notices
 from agent.guard import apply_guard
 from agent.history import prepare_history
 from agent.llm_types import ChatModel
@@ -43,9 +44,6 @@ SteerFn = Callable[[], Awaitable[list[RunRequest]]]
 
 # Cancellations after which the batch is run again elsewhere rather than recorded.
 RETRY_REASONS = frozenset({"shutdown", "lock_lost"})
-
-TIMEOUT_TEXT = "Sorry — this took too long and was stopped. Please try again, perhaps with a smaller request."
-LLM_FAILURE_TEXT = "Sorry — I couldn't get an answer from the model ({reason}). Please try again in a moment."
 
 
 class Compactor(Protocol):
@@ -213,17 +211,18 @@ class RunExecutor:
                 await asyncio.shield(self._persist(session_key, run_id, user_messages, cancelled.result, model))
             if reason == "timeout" and kind == "chat":
                 # A /stop is answered by its command; a timeout would otherwise end in silence.
-                await asyncio.shield(notify(channel, target, deps.ledger, run_id, "timeout", TIMEOUT_TEXT))
+                await asyncio.shield(notify(channel, target, deps.ledger, run_id, "timeout", notices.TIMEOUT))
             status = "timeout" if reason == "timeout" else "cancelled"
             return RunOutcome(run_id, status, "none", reason)
 
         if result.status == "failed":
-            bound.warning("run.llm_failed", error=result.error)
+            # The chat gets the user's words; the outcome and trace keep the operator's detail.
+            detail = model.failure_detail or result.error
+            bound.warning("run.llm_failed", error=detail)
             await reply.abandon()
-            await notify(channel, target, deps.ledger, run_id, "error",
-                         LLM_FAILURE_TEXT.format(reason=result.error or "unknown error"))
+            await notify(channel, target, deps.ledger, run_id, "error", result.error or notices.INTERNAL_ERROR)
             await self._persist(session_key, run_id, user_messages, result, model)
-            return RunOutcome(run_id, "failed", "none", result.error)
+            return RunOutcome(run_id, "failed", "none", detail)
 
         await deps.ledger.save_result(run_id, result.model_copy(update={"messages": user_messages + result.messages}))
         delivery = await reply.finish(result.text)

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from agent.llm import LLMClient
+from agent import notices
+from agent.llm import LLMClient, LLMError
 from agent.loop import MAX_ITERATIONS_TEXT, SUMMARY_PROMPT, run_loop
 from agent.tools.registry import Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, ToolSettings
 from agent.types import AgentEvent, Message, RunResult, ToolCall, ToolPolicy
@@ -324,7 +325,9 @@ async def test_llm_failure_fails_the_run_with_valid_history(
     events = Recorder()
     result = await run(model, tmp_path, [AddTool()], on_event=events)
     assert result.status == "failed"
-    assert result.error is not None and "HTTP 401" in result.error
+    # The chat user's words: what happened, no status code or config key.
+    assert result.error == notices.failure_notice(LLMError("x", kind="auth", retryable=False, status=401))
+    assert "401" not in result.error and "api_key" not in result.error
     assert [m.role for m in result.messages] == ["assistant", "tool"]
     assert_valid_history(result.messages)
     assert events.types()[-1] == "run.failed"
@@ -484,7 +487,7 @@ async def test_a_model_bug_fails_the_run_cleanly(tmp_path: Path) -> None:
         list(PROMPT), model=BrokenModel(), tools=ToolRegistry(), ctx=make_ctx(tmp_path), run_id="r", on_event=events
     )
     assert result.status == "failed"
-    assert result.error == "Internal error (KeyError)."
+    assert result.error == notices.INTERNAL_ERROR
     assert result.messages == []
     assert events.types() == ["run.started", "run.failed"]
 
