@@ -157,6 +157,8 @@ class Reply:
             if not isinstance(args, dict | str):
                 raise ValueError("tool call 'arguments' must be an object or a string")
             parsed.append(Call(name=c["name"], arguments=args, id=c.get("id")))
+        if data.get("args_as", "split") not in ARGS_SHAPES:
+            raise ValueError(f"args_as must be one of {', '.join(ARGS_SHAPES)}")
         for name, value in data.items():
             expected = _FIELD_TYPES.get(name)
             if expected is not None and value is not None and (
@@ -166,6 +168,7 @@ class Reply:
         return cls(calls=parsed, **data)
 
 
+ARGS_SHAPES = ("split", "whole", "object")
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "content": (str,), "reasoning": (str,), "reasoning_field": (str,), "finish_reason": (str,), "model": (str,),
     "usage": (bool, dict), "chunk_chars": (int,), "omit_tool_index": (bool,), "status": (int,),
