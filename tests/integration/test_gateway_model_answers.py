@@ -111,3 +111,22 @@ async def test_failures_speak_to_the_user_and_the_operator_gets_the_detail(
         [span] = [s for s in trace.spans if s.kind == "llm"]
         assert operator in (span.error or "")
         assert_valid_history(await bot.history())
+
+
+async def test_status_shows_allowed_users_the_detail_of_a_failed_last_run(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        fake.script(Reply.error(401, message="Incorrect API key provided."))
+        await bot.send("hi")
+        await finished(bot)
+        await bot.send("/status")
+        status = bot.channel.texts("notice")[-1]
+        assert "Last run failed: auth:" in status and "check llm.api_key" in status
+
+        fake.script(Reply.text("all good now"))
+        await bot.send("again")
+        await bot.channel.wait_for(lambda ch: ch.texts("part"))
+        await bot.wait_idle()
+        await bot.send("/status")
+        assert "Last run" not in bot.channel.texts("notice")[-1]

@@ -230,3 +230,16 @@ def test_started_and_answered() -> None:
     assert not tool_only.started and tool_only.answered
     text, _ = feed_all([chunk({"content": "a"})])
     assert text.started and text.answered
+
+
+def test_hostile_deeply_nested_arguments_do_not_break_the_assembler() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(name="f", args=deep)]}),
+            chunk({"tool_calls": [call_delta(name="g", args="{}")]}),
+        ]
+    )
+    # Too deep to parse, so the second name cannot be told apart: the names join into
+    # one unknown tool, which the loop answers with an error result; nothing raises.
+    assert [c.name for c in assembler.tool_calls()] == ["fg"]
