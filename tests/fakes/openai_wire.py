@@ -213,16 +213,21 @@ def _call_ids(reply: Reply) -> list[str]:
     return [c.id or f"call_{uuid.uuid4().hex[:24]}" for c in reply.calls]
 
 
-def stream_chunks(body: dict[str, Any], reply: Reply) -> Iterable[dict[str, Any]]:
-    """Every chat.completion.chunk of a streamed reply, in the order OpenAI sends them."""
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    base: dict[str, Any] = {
+def _envelope(body: dict[str, Any], reply: Reply, kind: str) -> dict[str, Any]:
+    """The fields every completion object and chunk carries."""
+    return {
         "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion.chunk",
+        "object": kind,
         "created": int(time.time()),
         "model": reply.model or body.get("model") or "fake",
         "system_fingerprint": "fp_fake",
     }
+
+
+def stream_chunks(body: dict[str, Any], reply: Reply) -> Iterable[dict[str, Any]]:
+    """Every chat.completion.chunk of a streamed reply, in the order OpenAI sends them."""
+    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    base = _envelope(body, reply, "chat.completion.chunk")
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         choices = [] if reply.no_choices else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
@@ -274,14 +279,8 @@ def completion_body(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
         ]
     if reply.reasoning:
         message[reply.reasoning_field] = reply.reasoning
-    out: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": reply.model or body.get("model") or "fake",
-        "system_fingerprint": "fp_fake",
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(reply)}],
-    }
+    out = _envelope(body, reply, "chat.completion")
+    out["choices"] = [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(reply)}]
     if reply.usage is not False:
         out["usage"] = _usage(body, reply)
     return out

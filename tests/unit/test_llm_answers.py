@@ -20,12 +20,6 @@ PROMPT = [Message.system("You are terse."), Message.user("hello")]
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
 async def client(fake: FakeOpenAI) -> AsyncIterator[LLMClient]:
     llm = LLMClient(
         model="gpt-test", base_url=fake.base_url, api_key="sk-test-key", request_timeout_s=10.0,

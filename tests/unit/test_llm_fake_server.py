@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -15,12 +14,6 @@ import pytest
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 async def raw_stream(fake: FakeOpenAI, body: dict[str, object]) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,22 +105,6 @@ class RendezvousTool(Tool):
         self.log.append(("end", i))
         self.ended[i].set()
         return ToolOutput(f"met {i}")
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
-async def model(fake: FakeOpenAI) -> AsyncIterator[LLMClient]:
-    client = LLMClient(
-        model="gpt-test", base_url=fake.base_url, api_key="sk-test-key-000000", request_timeout_s=10,
-        max_retries=1, retry_base_s=0.01, retry_cap_s=0.02,
-    )
-    yield client
-    await client.aclose()
 
 
 def make_ctx(tmp_path: Path, policy: ToolPolicy | None = None) -> ToolContext:

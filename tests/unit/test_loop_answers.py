@@ -8,7 +8,6 @@ shown with their notice and recorded in the run's events.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -38,22 +37,6 @@ class NoteTool(Tool):
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         self.written.append(args["text"])
         return ToolOutput("saved")
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
-async def model(fake: FakeOpenAI) -> AsyncIterator[LLMClient]:
-    client = LLMClient(
-        model="gpt-test", base_url=fake.base_url, api_key="sk-test-key-000000", request_timeout_s=10,
-        max_retries=1, retry_base_s=0.01, retry_cap_s=0.02,
-    )
-    yield client
-    await client.aclose()
 
 
 async def run(model: LLMClient, tmp_path: Path, tool: NoteTool, events: list[AgentEvent]) -> RunResult:
