@@ -211,11 +211,11 @@ def _starts_another(parts: _CallParts, name: str, arguments: str) -> bool:
     a repeated name with no arguments, or argument pieces, continue the call."""
     if not name or not parts.name or not parts.arguments or (name == parts.name and not arguments):
         return False
-    so_far = "".join(parts.arguments).rstrip()
-    if not so_far.endswith(("}", "]")):  # cheap: most pieces cannot end a JSON value
+    last = next((p for p in reversed(parts.arguments) if p.strip()), "")
+    if not last.rstrip().endswith(("}", "]")):  # cheap: most pieces cannot end a JSON value
         return False
     try:
-        json.loads(so_far)
+        json.loads("".join(parts.arguments))
     except (ValueError, RecursionError):
         return False
     return True
