@@ -127,7 +127,7 @@ class App:
         )
         self.control = ControlCommands(
             client, prefix, self.channels, self.sessions, self.approvals, self.ledger,
-            model=cfg.llm.model, context_window=cfg.llm.context_window,
+            model=cfg.llm.model, context_window=cfg.llm.context_window, traces=self.traces,
         )
 
         def lock_factory(session: str, on_lost: Callable[[], None]) -> SessionLock:

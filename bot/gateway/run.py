@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -23,9 +23,10 @@ from zoneinfo import ZoneInfo
 
 import structlog
 
+from agent import notices
 from agent.guard import apply_guard
 from agent.history import prepare_history
-from agent.llm_types import ChatModel, DeltaCallback, LLMError, LLMResponse
+from agent.llm_types import ChatModel
 from agent.loop import RunCancelled, run_loop
 from agent.prompt import PromptSpec, build_system_prompt
 from agent.tasks import uncancel_current
@@ -39,13 +40,12 @@ from agent.types import (
     RunResult,
     ToolCallEvent,
     ToolResultEvent,
-    Usage,
 )
 from bot import metrics
 from bot.config import BotdConfig
 from bot.gateway.reply import DeliveryLedger, Reply, notify
 from bot.store.sessions import SessionStore
-from bot.tracing import Span, Trace, TraceStore, clip, verbose
+from bot.tracing import Span, Trace, TraceStore, TracingModel, clip, verbose
 from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
@@ -58,8 +58,6 @@ OutcomeStatus = Literal["completed", "failed", "cancelled", "timeout", "max_iter
 # Cancellations after which the batch is run again elsewhere rather than recorded.
 RETRY_REASONS = frozenset({"shutdown", "lock_lost"})
 
-TIMEOUT_TEXT = "Sorry — this took too long and was stopped. Please try again, perhaps with a smaller request."
-LLM_FAILURE_TEXT = "Sorry — I couldn't get an answer from the model ({reason}). Please try again in a moment."
 
 
 class Compactor(Protocol):
@@ -277,7 +275,7 @@ class RunExecutor:
         if reason == "timeout" and turn.first.kind == "chat":
             # A /stop is answered by its command; a timeout would otherwise end in silence.
             await asyncio.shield(
-                notify(turn.channel, turn.target, self.deps.ledger, turn.run_id, "timeout", TIMEOUT_TEXT)
+                notify(turn.channel, turn.target, self.deps.ledger, turn.run_id, "timeout", notices.TIMEOUT)
             )
         status: OutcomeStatus = "timeout" if reason == "timeout" else "cancelled"
         return RunOutcome(turn.run_id, status, "none", reason)
@@ -287,12 +285,13 @@ class RunExecutor:
     ) -> RunOutcome:
         deps, run_id, session_key = self.deps, turn.run_id, turn.session_key
         if result.status == "failed":
-            turn.bound.warning("run.llm_failed", error=result.error)
+            # The chat gets the user's words; the outcome and trace keep the operator's detail.
+            detail = model.failure_detail or result.error
+            turn.bound.warning("run.llm_failed", error=detail)
             await turn.reply.abandon()
-            await notify(turn.channel, turn.target, deps.ledger, run_id, "error",
-                         LLM_FAILURE_TEXT.format(reason=result.error or "unknown error"))
+            await notify(turn.channel, turn.target, deps.ledger, run_id, "error", result.error or notices.INTERNAL_ERROR)
             await self._persist(session_key, run_id, user_messages, result, model)
-            return RunOutcome(run_id, "failed", "none", result.error)
+            return RunOutcome(run_id, "failed", "none", detail)
 
         await deps.ledger.save_result(run_id, result.model_copy(update={"messages": user_messages + result.messages}))
         delivery = await turn.reply.finish(result.text)
@@ -356,45 +355,3 @@ def _tool_span(event: ToolResultEvent, failed: bool, attrs: dict[str, Any]) -> S
         kind="tool", name=event.tool_call.name, start=time.time() - ms / 1000, ms=round(ms, 2),
         error=(event.tool_result.content or "")[:200] if failed else None, attrs=attrs,
     )
-
-
-class TracingModel:
-    """A ChatModel wrapper that records each LLM call as a trace span and in metrics."""
-
-    def __init__(self, inner: ChatModel, trace: Trace, model_name: str) -> None:
-        self._inner = inner
-        self._trace = trace
-        self._model = model_name
-        self.usages: list[Usage] = []
-
-    @property
-    def last_prompt_tokens(self) -> int:
-        return self.usages[-1].prompt_tokens if self.usages else 0
-
-    async def complete(
-        self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, on_delta: DeltaCallback | None = None
-    ) -> LLMResponse:
-        start = time.time()
-        extra: dict[str, Any] = {}
-        if verbose():
-            extra["input"] = clip("\n".join(f"{m.role}: {m.content or ''}" for m in messages))
-        try:
-            response = await self._inner.complete(messages, tools, on_delta)
-        except LLMError as exc:
-            self._trace.span("llm", self._model, start, error=f"{exc.kind}: {exc}", tools=bool(tools), **extra)
-            metrics.LLM_SECONDS.labels(self._model, "error").observe(time.time() - start)
-            raise
-        usage = response.usage
-        self.usages.append(usage)
-        if verbose():
-            extra["output"] = clip(response.text)
-        self._trace.span(
-            "llm", self._model, start,
-            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
-            estimated=usage.estimated, tool_calls=len(response.tool_calls), attempts=response.attempts,
-            tools=bool(tools), **extra,
-        )
-        metrics.LLM_SECONDS.labels(self._model, "ok").observe(time.time() - start)
-        metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
-        metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
-        return response
