@@ -75,14 +75,14 @@ class Inbox:
         self._finish = client.register_script(_FINISH)
 
     def _inbox(self, session_key: str) -> str:
-        return f"{self._prefix}:inbox:{session_key}"
+        return self._keys.inbox(session_key)
 
     def _running(self, session_key: str) -> str:
-        return f"{self._prefix}:running:{session_key}"
+        return self._keys.inbox_running(session_key)
 
     @property
     def _pending(self) -> str:
-        return f"{self._prefix}:pending"
+        return self._keys.inbox_pending()
 
     async def enqueue(self, req: RunRequest, cap: int, *, dedupe_key: str | None = None) -> EnqueueResult:
         """Append ``req`` unless ``dedupe_key`` was seen in the last 24 h (one atomic step,

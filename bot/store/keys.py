@@ -70,6 +70,24 @@ class Keys:
     def kv(self, key: str) -> str:
         return self.key("kv", key)
 
+    # Per-session inboxes (bot.gateway.inbox): waiting messages, the batch a worker took,
+    # and the sorted set of sessions with work.
+    def inbox(self, session_key: str) -> str:
+        return self.key("inbox", session_key)
+
+    def inbox_running(self, session_key: str) -> str:
+        return self.key("running", session_key)
+
+    def inbox_pending(self) -> str:
+        return self.key("pending")
+
     # Scheduler fire claims (DESIGN.md §5: ``<prefix>:fire:<job>:<fire_time>``).
     def fire(self, job_id: str, fire_time: str) -> str:
         return self.key("fire", job_id, fire_time)
+
+    # Running daemons (bot.replicas): one expiring key each, and an index scored by last beat.
+    def replica(self, replica_id: str) -> str:
+        return self.key("replica", replica_id)
+
+    def replica_index(self) -> str:
+        return self.key("replicas")
