@@ -47,6 +47,7 @@ class ReplicaBeacon:
         self._ttl_ms = int(ttl_s * 1000)
         self._on_beat = on_beat or (lambda ok: None)
         self._task: asyncio.Task[None] | None = None
+        self._stopping = asyncio.Event()
 
     async def start(self) -> None:
         await self.beat()
@@ -54,10 +55,14 @@ class ReplicaBeacon:
         self._task = asyncio.create_task(self._loop(), name="replica-beacon")
 
     async def stop(self) -> None:
+        # An event, not task.cancel(): a cancellation landing inside a redis-py pipeline
+        # can be absorbed by its retry logic, and the loop would go on beating.
+        self._stopping.set()
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            try:
+                await asyncio.wait_for(self._task, timeout=self._interval_s + 5.0)
+            except TimeoutError:
+                log.warning("replica.beacon_stop_timeout")
             self._task = None
         with contextlib.suppress(RedisError, OSError):
             pipe = self._r.pipeline(transaction=True)
@@ -75,7 +80,10 @@ class ReplicaBeacon:
 
     async def _loop(self) -> None:
         while True:
-            await asyncio.sleep(self._interval_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self._interval_s)
+            if self._stopping.is_set():
+                return
             try:
                 await self.beat()
             except (RedisError, OSError) as exc:
