@@ -16,14 +16,7 @@ from typing import Literal
 
 from bot.app import check_config
 from bot.config import BotdConfig, ConfigError
-from bot.probes import (
-    Probe,
-    probe_llm,
-    probe_slack,
-    probe_telegram,
-    slack_token_problems,
-    telegram_token_problem,
-)
+from bot.probes import Probe, check_slack, check_telegram, probe_llm
 from bot.store.connection import open_redis
 from bot.store.errors import StoreError
 
@@ -73,11 +66,11 @@ async def _redis(cfg: BotdConfig) -> Finding:
         await handle.close()
 
 
-def _access_findings(name: str, enabled: bool, policy: str, allow_from: list[str]) -> list[Finding]:
-    if enabled and policy == "allowlist" and not allow_from:
+def _access_findings(name: str, policy: str, allow_from: list[str]) -> list[Finding]:
+    if policy == "allowlist" and not allow_from:
         return [Finding("warn", name, f"{name}.allow_from is empty with dm_policy allowlist: nobody can talk to "
                         "the bot", f"add your user id to {name}.allow_from, or set {name}.dm_policy: pairing")]
-    if enabled and policy == "open":
+    if policy == "open":
         return [Finding("warn", name, f"{name}.dm_policy is open: anyone who finds the bot can use it (and your "
                         "LLM budget)")]
     return []
@@ -88,24 +81,22 @@ async def _telegram(cfg: BotdConfig) -> list[Finding]:
     if not tg.enabled:
         return [Finding("off", "telegram", "disabled (telegram.enabled: false)")]
     token = _secret(tg.token)
-    shape = telegram_token_problem(token)
-    if shape is not None:
-        found = [Finding("FAIL", "telegram", shape.detail, shape.fix)]
-    else:
-        found = [await _live("telegram", lambda: probe_telegram(token, tg.api_base_url))]
-    return found + _access_findings("telegram", True, tg.dm_policy, tg.allow_from)
+    found = [await _live("telegram", lambda: check_telegram(token, tg.api_base_url))]
+    return found + _access_findings("telegram", tg.dm_policy, tg.allow_from)
 
 
 async def _slack(cfg: BotdConfig) -> list[Finding]:
     sl = cfg.slack
     if not sl.enabled:
         return [Finding("off", "slack", "disabled (slack.enabled: false)")]
-    bot = _secret(sl.bot_token)
-    problems = slack_token_problems(bot, _secret(sl.app_token), socket_mode=sl.mode == "socket")
-    found = [Finding("FAIL", "slack", p.detail, p.fix) for p in problems]
-    if not problems:
-        found.append(await _live("slack", lambda: probe_slack(bot, sl.api_base_url)))
-    return found + _access_findings("slack", True, sl.dm_policy, sl.allow_from)
+    try:
+        async with asyncio.timeout(TIMEOUT_S):
+            probes = await check_slack(_secret(sl.bot_token), _secret(sl.app_token), sl.api_base_url,
+                                       socket_mode=sl.mode == "socket")
+    except TimeoutError:
+        probes = [Probe(False, f"no answer within {TIMEOUT_S:g} s", "check the network and slack.api_base_url")]
+    found = [Finding("ok" if p.ok else "FAIL", "slack", p.detail, p.fix) for p in probes]
+    return found + _access_findings("slack", sl.dm_policy, sl.allow_from)
 
 
 def _heartbeat(cfg: BotdConfig) -> list[Finding]:

@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import tempfile
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,14 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from bot.config import BotdConfig, format_validation_error, home_config
-from bot.probes import (
-    Probe,
-    probe_llm,
-    probe_slack,
-    probe_telegram,
-    slack_token_problems,
-    telegram_token_problem,
-)
+from bot.probes import Probe, check_slack, check_telegram, probe_llm
 
 DM_POLICIES = ("pairing", "allowlist", "open")
 
@@ -162,19 +156,17 @@ async def check_llm(a: Answers) -> Probe:
     return await probe_llm(a.llm_base_url, key, a.llm_model)
 
 
-async def check_telegram(token: str) -> Probe:
-    shape = telegram_token_problem(token)
-    return shape if shape is not None else await probe_telegram(token, os.environ.get("BOTD_TELEGRAM__API_BASE_URL"))
+def _telegram(a: Answers) -> Awaitable[Probe]:
+    return check_telegram(a.telegram_token or "", os.environ.get("BOTD_TELEGRAM__API_BASE_URL"))
 
 
-async def check_slack(a: Answers) -> Probe:
-    problems = slack_token_problems(a.slack_bot_token, a.slack_app_token, socket_mode=a.slack_mode == "socket")
-    if problems:
-        return problems[0]
+async def _slack(a: Answers) -> Probe:
     if a.slack_mode == "http" and not a.slack_signing_secret:
         return Probe(False, "slack.signing_secret is not set (HTTP mode needs it)",
                      "copy it from Basic Information → App Credentials")
-    return await probe_slack(a.slack_bot_token or "", os.environ.get("BOTD_SLACK__API_BASE_URL"))
+    probes = await check_slack(a.slack_bot_token, a.slack_app_token, os.environ.get("BOTD_SLACK__API_BASE_URL"),
+                               socket_mode=a.slack_mode == "socket")
+    return next((p for p in probes if not p.ok), probes[0])
 
 
 def _answers_from_flags(args: argparse.Namespace) -> Answers:
@@ -199,9 +191,9 @@ async def _non_interactive(args: argparse.Namespace) -> Answers:
         return a
     checks: list[tuple[str, Probe]] = [("llm", await check_llm(a))]
     if a.telegram_token:
-        checks.append(("telegram", await check_telegram(a.telegram_token)))
+        checks.append(("telegram", await _telegram(a)))
     if a.slack_bot_token:
-        checks.append(("slack", await check_slack(a)))
+        checks.append(("slack", await _slack(a)))
     for name, probe in checks:
         print(f"{'ok  ' if probe.ok else 'FAIL'}  {name}: {probe.detail}")
     failed = [(n, p) for n, p in checks if not p.ok]
@@ -215,7 +207,8 @@ async def _non_interactive(args: argparse.Namespace) -> Answers:
 
 def ask(question: str, default: str | None = None, *, secret: bool = False) -> str:
     shown = f" [{default}]" if default and not secret else ""
-    reader = getpass.getpass if secret else input
+    # Hidden input needs a terminal; piped answers (scripts, tests) are read as lines.
+    reader = getpass.getpass if secret and sys.stdin.isatty() else input
     answer = reader(f"{question}{shown}: ").strip()
     return answer or (default or "")
 
@@ -249,7 +242,7 @@ async def _interactive(args: argparse.Namespace) -> Answers:
             a.telegram_token = ask("   Bot token", secret=True) or a.telegram_token
             if not a.telegram_token:
                 break
-            if args.skip_checks or _report(await check_telegram(a.telegram_token)) or not yes("   Try again?", True):
+            if args.skip_checks or _report(await _telegram(a)) or not yes("   Try again?", True):
                 break
     else:
         a.telegram_token = None
@@ -262,7 +255,7 @@ async def _interactive(args: argparse.Namespace) -> Answers:
                 a.slack_app_token = ask("   App-level token (xapp-…)", secret=True) or a.slack_app_token
             else:
                 a.slack_signing_secret = ask("   Signing secret", secret=True) or a.slack_signing_secret
-            if args.skip_checks or _report(await check_slack(a)) or not yes("   Try again?", True):
+            if args.skip_checks or _report(await _slack(a)) or not yes("   Try again?", True):
                 break
     else:
         a.slack_bot_token = a.slack_app_token = a.slack_signing_secret = None

@@ -42,35 +42,34 @@ def telegram_token_problem(token: str) -> Probe | None:
                  "copy the whole token @BotFather gave you (send it /token to see it again)")
 
 
+# (config key, prefix, what it is, where Slack shows it) of each Slack token.
+_SLACK_BOT = ("slack.bot_token", "xoxb-", "a bot token", "the Bot User OAuth Token (xoxb-…) from OAuth & Permissions")
+_SLACK_APP = ("slack.app_token", "xapp-", "an app-level token",
+              "an app-level token (xapp-…, scope connections:write) from Basic Information → App-Level Tokens")
+
+
+def _slack_token_shape(value: str, this: tuple[str, str, str, str], other: tuple[str, str, str, str]) -> Probe | None:
+    key, prefix, _, source = this
+    if not value:
+        return Probe(False, f"{key} is not set", f"set it to {source}")
+    if value.startswith(other[1]):
+        return Probe(False, f"{key} is {other[2]} ({other[1]}…), not {this[2]}", f"use {source}")
+    if not value.startswith(prefix):
+        return Probe(False, f"{key} does not start with {prefix}", f"use {source}")
+    return None
+
+
 def slack_token_problems(bot_token: str | None, app_token: str | None, *, socket_mode: bool) -> list[Probe]:
     """Missing, swapped or misshapen Slack tokens (bot: ``xoxb-``; Socket Mode app: ``xapp-``)."""
-    problems: list[Probe] = []
     bot = (bot_token or "").strip()
     app = (app_token or "").strip()
     if bot.startswith("xapp-") and app.startswith("xoxb-"):
         return [Probe(False, "slack.bot_token and slack.app_token are swapped (bot xoxb-…, app xapp-…)",
                       "exchange the two values")]
-    if not bot:
-        problems.append(Probe(False, "slack.bot_token is not set",
-                              "set it to the Bot User OAuth Token (xoxb-…) from OAuth & Permissions"))
-    elif bot.startswith("xapp-"):
-        problems.append(Probe(False, "slack.bot_token is an app-level token (xapp-…), not the bot token",
-                              "use the Bot User OAuth Token (xoxb-…); the xapp- token goes in slack.app_token"))
-    elif not bot.startswith("xoxb-"):
-        problems.append(Probe(False, "slack.bot_token does not start with xoxb-",
-                              "use the Bot User OAuth Token (xoxb-…) from OAuth & Permissions"))
+    found = [_slack_token_shape(bot, _SLACK_BOT, _SLACK_APP)]
     if socket_mode:
-        if not app:
-            problems.append(Probe(False, "slack.app_token is not set (Socket Mode needs it)",
-                                  "create an app-level token with connections:write (Basic Information) "
-                                  "and set slack.app_token, or use slack.mode: http"))
-        elif app.startswith("xoxb-"):
-            problems.append(Probe(False, "slack.app_token is a bot token (xoxb-…), not an app-level token",
-                                  "use the app-level token (xapp-…) from Basic Information → App-Level Tokens"))
-        elif not app.startswith("xapp-"):
-            problems.append(Probe(False, "slack.app_token does not start with xapp-",
-                                  "use the app-level token (xapp-…) from Basic Information → App-Level Tokens"))
-    return problems
+        found.append(_slack_token_shape(app, _SLACK_APP, _SLACK_BOT))
+    return [p for p in found if p is not None]
 
 
 # ---- live checks -----------------------------------------------------------------------
@@ -128,7 +127,8 @@ async def probe_telegram(token: str, api_base_url: str | None, *, timeout_s: flo
         try:
             resp = await http.get(f"{base}{token}/getMe")
         except httpx.HTTPError as exc:
-            return _unreachable(f"{shown} (getMe)", exc, "check the network, or telegram.api_base_url")
+            failed = _unreachable(f"{shown} (getMe)", exc, "check the network, or telegram.api_base_url")
+            return Probe(False, failed.detail.replace(token, "<token>") if token else failed.detail, failed.fix)
     data = _json(resp)
     if resp.status_code in (401, 404):
         return Probe(False, f"{shown} rejected the token (getMe: HTTP {resp.status_code})",
@@ -158,6 +158,18 @@ async def probe_slack(bot_token: str, api_base_url: str | None, *, timeout_s: fl
            "if it was revoked") if error in {"invalid_auth", "not_authed", "token_revoked", "account_inactive"} \
         else "check slack.api_base_url and Slack's status page"
     return Probe(False, f"{base}auth.test: {error}", fix)
+
+
+async def check_telegram(token: str, api_base_url: str | None) -> Probe:
+    """The token's shape, then ``getMe`` (a malformed token is never sent anywhere)."""
+    return telegram_token_problem(token) or await probe_telegram(token, api_base_url)
+
+
+async def check_slack(bot_token: str | None, app_token: str | None, api_base_url: str | None, *,
+                      socket_mode: bool) -> list[Probe]:
+    """Every token problem; when there is none, ``auth.test`` with the bot token."""
+    problems = slack_token_problems(bot_token, app_token, socket_mode=socket_mode)
+    return problems or [await probe_slack(bot_token or "", api_base_url)]
 
 
 # ---- wording ---------------------------------------------------------------------------

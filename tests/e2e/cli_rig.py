@@ -24,14 +24,17 @@ class Result:
         return self.out + self.err
 
 
-async def botd(*args: str, cwd: Path, timeout_s: float = 60.0, **env: str) -> Result:
-    """``botd ARGS`` in ``cwd`` with a clean environment (HOME is the test's temporary one)."""
+async def botd(*args: str, cwd: Path, timeout_s: float = 60.0, answers: str | None = None, **env: str) -> Result:
+    """``botd ARGS`` in ``cwd`` with a clean environment (HOME is the test's temporary one);
+    ``answers`` are fed to its standard input (it has no terminal)."""
     proc = await asyncio.create_subprocess_exec(
         *BOTD, *args, cwd=str(cwd), env=clean_env(HOME=os.environ["HOME"], **env),
-        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.PIPE if answers is not None else asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
     )
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+        data = answers.encode() if answers is not None else None
+        out, err = await asyncio.wait_for(proc.communicate(data), timeout_s)
     except TimeoutError:
         proc.kill()
         await proc.wait()

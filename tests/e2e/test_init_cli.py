@@ -62,6 +62,34 @@ async def test_the_written_config_is_found_from_any_directory(tmp_path: Path) ->
     assert "api_key" not in cfg["llm"]  # nothing given: the key stays in the environment
 
 
+async def test_the_questions_retry_a_failed_answer_and_write_the_config(tmp_path: Path) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"
+    async with FakeOpenAI(serve_models=False) as llm, FakeTelegram(TELEGRAM_TOKEN) as tg:
+        answers = "\n".join([
+            dead, "k-1", "",            # LLM: unreachable at first
+            "y",                        # try again
+            llm.base_url, "k-1", "",    # now the fake
+            "y", "12:bad", "y",         # Telegram: a malformed token, try again
+            TELEGRAM_TOKEN,
+            "n",                        # no Slack
+            "allowlist", "42",
+        ]) + "\n"
+        result = await botd("init", cwd=tmp_path, answers=answers, BOTD_TELEGRAM__API_BASE_URL=tg.base_url)
+    assert result.rc == 0, result.text
+    assert "connection refused" in result.out and "does not look like a bot token" in result.out
+    assert "token accepted for @botd_test_bot" in result.out
+    cfg = load_config(home_config())
+    assert cfg.llm.base_url == llm.base_url and cfg.telegram.enabled and not cfg.slack.enabled
+    assert cfg.telegram.dm_policy == "allowlist" and cfg.telegram.allow_from == ["42"]
+
+
+async def test_questions_cut_short_write_nothing(tmp_path: Path) -> None:
+    result = await botd("init", cwd=tmp_path, answers="http://127.0.0.1:9/v1\n")
+    assert result.rc == 1 and "nothing written" in result.err
+    assert_no_traceback(result)
+    assert not home_config().exists()
+
+
 async def test_an_existing_config_is_kept_without_force(tmp_path: Path) -> None:
     path = home_config()
     path.parent.mkdir(parents=True)

@@ -122,3 +122,12 @@ def test_help_names_every_value(capsys: pytest.CaptureFixture[str]) -> None:
         build_parser().parse_args(["cron", "add", "--help"])
     text = capsys.readouterr().out
     assert "IN_" not in text and "--in DURATION" in text and "--chat-id ID" in text
+
+
+async def test_an_unreachable_telegram_never_shows_the_token() -> None:
+    from bot.probes import probe_telegram
+
+    token = "123456789:" + "A" * 35
+    for base in ("http://127.0.0.1:9/bot", "ftp://nowhere/bot"):
+        probe = await probe_telegram(token, base, timeout_s=2)
+        assert not probe.ok and token not in probe.detail and "A" * 35 not in probe.detail
