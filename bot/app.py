@@ -10,12 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.llm import LLMClient
 from agent.llm_types import ChatModel
 from agent.tools.builtin import load_tools
 from agent.tools.cli_tools import ToolConfigError
-from agent.tools.registry import ToolRegistry, ToolSettings
+from agent.tools.registry import Tool, ToolRegistry, ToolSettings
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
 from bot.gateway.approvals import Approvals
@@ -38,6 +39,10 @@ from scheduler.service import SchedulerService
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import JobStore
 
+if TYPE_CHECKING:
+    from channels.slack import SlackSettings
+    from channels.telegram import TelegramSettings
+
 
 def replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
@@ -55,13 +60,19 @@ def tool_settings(cfg: BotdConfig) -> ToolSettings:
     )
 
 
-def build_model(cfg: BotdConfig) -> LLMClient:
+def llm_api_key(cfg: BotdConfig) -> str | None:
+    """The API key, or None for a keyless endpoint; without either, a config error."""
     key = cfg.llm.api_key.get_secret_value() if cfg.llm.api_key else None
-    register_secret(key)
     if key is None and cfg.llm.base_url is None:
         raise ConfigError(
             "config error: llm.api_key: required when llm.base_url is not set (or set OPENAI_API_KEY)"
         )
+    return key
+
+
+def build_model(cfg: BotdConfig) -> LLMClient:
+    key = llm_api_key(cfg)
+    register_secret(key)
     return LLMClient(
         model=cfg.llm.model,
         base_url=cfg.llm.base_url,
@@ -72,20 +83,52 @@ def build_model(cfg: BotdConfig) -> LLMClient:
     )
 
 
+def declared_tools(cfg: BotdConfig, settings: ToolSettings) -> list[Tool]:
+    """Built-in tools plus the CLI tools file, checked completely (a mistake is a config error)."""
+    try:
+        return load_tools(settings, cfg.cli_tools_path())
+    except ToolConfigError as exc:
+        raise ConfigError(f"config error: security.cli_tools_file: {exc}") from None
+
+
+def channel_settings(cfg: BotdConfig) -> tuple[TelegramSettings | None, SlackSettings | None]:
+    """The enabled channels' settings; a value the adapter refuses is a config error."""
+    from channels.slack import SlackSettings
+    from channels.telegram import TelegramSettings
+
+    try:
+        telegram = TelegramSettings.from_config(cfg.telegram) if cfg.telegram.enabled else None
+        slack = SlackSettings.from_config(cfg.slack) if cfg.slack.enabled else None
+    except ValueError as exc:
+        raise ConfigError(f"config error: {exc}") from None
+    return telegram, slack
+
+
+def check_config(cfg: BotdConfig, *, model: bool = True, channels: bool = True) -> None:
+    """What ``botd run`` refuses before starting anything; ``botd doctor`` runs the same.
+
+    ``model``/``channels`` False skip the parts a caller supplies itself (tests, ``botd chat``).
+    """
+    if model:
+        llm_api_key(cfg)
+    declared_tools(cfg, tool_settings(cfg))
+    if channels:
+        channel_settings(cfg)
+
+
 def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
     """The enabled platform channels (imported lazily: each pulls in its SDK)."""
+    telegram, slack = channel_settings(cfg)
     out: dict[str, ChannelAdapter] = {}
-    if cfg.telegram.enabled:
-        from channels.telegram import TelegramChannel, TelegramSettings
+    if telegram is not None:
+        from channels.telegram import TelegramChannel
 
-        settings = TelegramSettings.from_config(cfg.telegram)
-        register_secret(settings.token)
-        register_secret(settings.webhook_secret)
-        out["telegram"] = TelegramChannel(settings)
-    if cfg.slack.enabled:
-        from channels.slack import SlackChannel, SlackSettings
+        register_secret(telegram.token)
+        register_secret(telegram.webhook_secret)
+        out["telegram"] = TelegramChannel(telegram)
+    if slack is not None:
+        from channels.slack import SlackChannel
 
-        slack = SlackSettings.from_config(cfg.slack)
         for secret in (slack.bot_token, slack.app_token, slack.signing_secret):
             register_secret(secret)
         out["slack"] = SlackChannel(slack)
@@ -108,10 +151,7 @@ class App:
         self.sessions = SessionStore(client, keys)
         self.jobs = JobStore(client, keys)
         self.tool_settings = tool_settings(cfg)
-        try:
-            declared = load_tools(self.tool_settings, cfg.security.cli_tools_file)
-        except ToolConfigError as exc:
-            raise ConfigError(f"config error: security.cli_tools_file: {exc}") from None
+        declared = declared_tools(cfg, self.tool_settings)
         self.tools = ToolRegistry([*declared, CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)])
         self.broadcast = Broadcast(client)
         self.ledger = DeliveryLedger(client, prefix)

@@ -6,12 +6,14 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
 
 from bot.config import BotdConfig
 from bot.daemon import Daemon
 from bot.store.connection import RedisHandle, open_redis
+from bot.store.sessions import SessionInfo
 from bot.tracing import TraceStore, render_trace
 
 
@@ -54,15 +56,6 @@ async def _wait_idle(daemon: Daemon, timeout_s: float = 600.0) -> None:
     await asyncio.sleep(0.2)
     while loop.time() < deadline and (await app.gateway.inbox.depth() or app.gateway.busy_locally()):
         await asyncio.sleep(0.1)
-
-
-async def doctor(cfg: BotdConfig) -> int:
-    from bot.doctor import run_checks
-
-    results = await run_checks(cfg)
-    for name, ok, detail in results:
-        print(f"{'ok  ' if ok else 'FAIL'}  {name}: {detail}")
-    return 0 if all(ok for _, ok, _ in results) else 1
 
 
 async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
@@ -110,8 +103,11 @@ async def sessions(cfg: BotdConfig, args: argparse.Namespace) -> int:
         sessions_store = SessionStore(handle.client, handle.keys)
         if args.sessions_command == "list":
             page = await sessions_store.list_sessions(limit=max(1, min(args.limit, 1000)))
-            for info in page.sessions:
-                print(json.dumps(info.model_dump(mode="json"), ensure_ascii=False))
+            if args.json:
+                for info in page.sessions:
+                    print(json.dumps(info.model_dump(mode="json"), ensure_ascii=False))
+            else:
+                print(format_session_table(page.sessions))
         elif args.sessions_command == "show":
             info = await sessions_store.show(args.key)
             if not info.exists:
@@ -121,9 +117,31 @@ async def sessions(cfg: BotdConfig, args: argparse.Namespace) -> int:
             for message in await sessions_store.history(args.key):
                 print(message.model_dump_json(exclude_none=True))
         elif args.sessions_command == "reset":
-            existed = await sessions_store.reset(args.key)
-            print(f"reset {args.key}" if existed else f"no session {args.key}")
+            if not await sessions_store.reset(args.key):
+                print(f"no session {args.key} (see `botd sessions list`)", file=sys.stderr)
+                return 1
+            print(f"reset {args.key}")
     return 0
+
+
+def format_session_table(sessions: Sequence[SessionInfo]) -> str:
+    """Sessions for humans: last activity in local time, message count, tokens."""
+    if not sessions:
+        return "No sessions."
+    rows = [("LAST ACTIVITY", "MESSAGES", "TOKENS", "SESSION")]
+    for info in sessions:
+        rows.append((
+            _local_time(info.last_activity), str(info.message_count),
+            str(info.usage.total_prompt_tokens + info.usage.total_completion_tokens), info.session_key,
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def _local_time(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch).astimezone().strftime("%Y-%m-%d %H:%M %Z")
 
 
 async def trace(cfg: BotdConfig, run_id: str) -> int:

@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -45,7 +46,7 @@ class _Section(BaseModel):
 
 class AgentConfig(_Section):
     id: str = Field("main", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    workspace: Path = Path("./workspace")
+    workspace: Path = Path("~/.botd/workspace")
     max_iterations: int = Field(20, ge=1, le=200)
     history_turns: int = Field(50, ge=1)
     max_message_chars: int = Field(32768, ge=256)
@@ -80,7 +81,7 @@ class TelegramConfig(_Section):
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
     webhook_path: str = "/telegram"
-    dm_policy: Literal["allowlist", "open"] = "allowlist"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: list[str] = Field(default_factory=list)
     groups: list[str] = Field(default_factory=list)
     require_mention: bool = True
@@ -109,6 +110,7 @@ class SlackConfig(_Section):
     mode: Literal["socket", "http"] = "socket"
     api_base_url: str | None = None
     events_path: str = "/slack/events"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: list[str] = Field(default_factory=list)
     channels: list[str] = Field(default_factory=list)
     require_mention: bool = True
@@ -235,6 +237,8 @@ class BotdConfig(BaseSettings):
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    # The file this config was read from (None: defaults and environment only).
+    _source: Path | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(
@@ -249,6 +253,14 @@ class BotdConfig(BaseSettings):
         return (env_settings, init_settings)
 
     @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @source.setter
+    def source(self, path: Path | None) -> None:
+        self._source = path
+
+    @property
     def workspace(self) -> Path:
         return self.agent.workspace.expanduser().resolve()
 
@@ -256,6 +268,10 @@ class BotdConfig(BaseSettings):
         if self.security.allowed_paths is None:
             return [self.workspace, Path("/tmp/botd")]
         return [p.expanduser() for p in self.security.allowed_paths]
+
+    def cli_tools_path(self) -> Path | None:
+        path = self.security.cli_tools_file
+        return path.expanduser() if path is not None else None
 
 
 def _string_list(value: Any) -> Any:
@@ -266,15 +282,28 @@ def _string_list(value: Any) -> Any:
     return value
 
 
+HOME_DIR = Path("~/.botd")  # botd's own directory: the config `botd init` writes, the workspace
+
+
+def home_config() -> Path:
+    return (HOME_DIR / "botd.yaml").expanduser()
+
+
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """``--config``, else ``$BOTD_CONFIG``, else ``./botd.yaml`` when present."""
+    """``--config``, else ``$BOTD_CONFIG``, else ``./botd.yaml``, else ``~/.botd/botd.yaml`` when present.
+
+    The home file comes last so a project directory can carry its own config, and every
+    command run anywhere else finds the same one (and so the same store).
+    """
     if explicit:
-        return Path(explicit)
+        return Path(explicit).expanduser()
     env = os.environ.get("BOTD_CONFIG")
     if env:
-        return Path(env)
-    default = Path("botd.yaml")
-    return default if default.is_file() else None
+        return Path(env).expanduser()
+    for candidate in (Path("botd.yaml"), home_config()):
+        if candidate.is_file():
+            return candidate.absolute()
+    return None
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
@@ -286,6 +315,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
             loaded = yaml.safe_load(resolved.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(f"config file not found: {resolved}") from exc
+        except IsADirectoryError as exc:
+            raise ConfigError(f"config file {resolved} is a directory") from exc
+        except PermissionError as exc:
+            raise ConfigError(f"config file {resolved} is not readable by this user") from exc
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {resolved} is not valid YAML: {exc}") from exc
         if loaded is None:
@@ -293,6 +326,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {resolved} must be a mapping of sections")
         data = loaded
+        _anchor_relative_paths(data, resolved.absolute().parent)
     for env_name, (section, key) in PLAIN_ENV.items():
         value = os.environ.get(env_name)
         if value:
@@ -301,9 +335,25 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
                 raise ConfigError(f"{section}: must be a mapping")
             sect[key] = value
     try:
-        return BotdConfig(**data)
+        cfg = BotdConfig(**data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
+    cfg.source = resolved.absolute() if resolved is not None else None
+    return cfg
+
+
+# Paths in a config file are relative to the file, not to wherever a command happens to run.
+_FILE_RELATIVE_PATHS = (("agent", "workspace"), ("security", "cli_tools_file"))
+
+
+def _anchor_relative_paths(data: dict[str, Any], base: Path) -> None:
+    for section, key in _FILE_RELATIVE_PATHS:
+        sect = data.get(section)
+        if not isinstance(sect, dict):
+            continue
+        value = sect.get(key)
+        if isinstance(value, str) and value and not value.startswith("~") and not Path(value).is_absolute():
+            sect[key] = str(base / value)
 
 
 def format_validation_error(exc: ValidationError) -> str:

@@ -145,3 +145,10 @@ class Keys:
 
     def cron_run_now(self) -> str:
         return self.key("cron", "run_now")
+
+    # Running daemons (bot.replicas): one expiring key each, and an index scored by last beat.
+    def replica(self, replica_id: str) -> str:
+        return self.key("replica", replica_id)
+
+    def replica_index(self) -> str:
+        return self.key("replicas")
