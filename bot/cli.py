@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
 
 from bot.config import BotdConfig, ConfigError, load_config
-from bot.logs import configure_logging
+from bot.logs import configure_logging, open_log_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,7 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
         return sub.add_parser(name, help=text, parents=[common])
 
     command("run", "run the daemon until SIGTERM/SIGINT")
-    command("chat", "talk to the bot on this terminal")
+    chat = command("chat", "talk to the bot on this terminal")
+    chat.add_argument("--verbose", action="store_true", help="log to stderr instead of <workspace>/.botd/logs/chat.log")
     command("doctor", "check config, Redis, the LLM endpoint and channel tokens")
 
     cron = command("cron", "scheduled jobs").add_subparsers(dest="cron_command", required=True)
@@ -63,11 +66,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
-    configure_logging(cfg.log.level, cfg.log.format)
+    try:
+        log_stream = _log_stream(args, cfg)
+    except OSError as exc:
+        print(f"botd: cannot write the log file ({exc}); use --verbose to log to stderr", file=sys.stderr)
+        return 1
+    configure_logging(cfg.log.level, cfg.log.format, log_stream)
     try:
         return asyncio.run(_dispatch(args, cfg))
     except KeyboardInterrupt:
         return 130
+
+
+def chat_log_path(cfg: BotdConfig) -> Path:
+    return cfg.workspace / ".botd" / "logs" / "chat.log"
+
+
+def _log_stream(args: argparse.Namespace, cfg: BotdConfig) -> TextIO | None:
+    """``botd chat`` is a conversation on the terminal: its logs go to a file unless --verbose."""
+    if args.command != "chat" or args.verbose:
+        return None
+    return open_log_file(chat_log_path(cfg))
 
 
 async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
@@ -78,7 +97,7 @@ async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
         if args.command == "run":
             return await commands.run(cfg)
         if args.command == "chat":
-            return await commands.chat(cfg)
+            return await commands.chat(cfg, None if args.verbose else chat_log_path(cfg))
         if args.command == "doctor":
             return await commands.doctor(cfg)
         if args.command == "cron":

@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from bot.config import BotdConfig
 from bot.daemon import Daemon
@@ -30,17 +31,24 @@ async def run(cfg: BotdConfig) -> int:
     return 0
 
 
-async def chat(cfg: BotdConfig) -> int:
+async def chat(cfg: BotdConfig, log_path: Path | None) -> int:
     from channels.console import ConsoleChannel
 
+    if log_path is not None:
+        print(f"starting… (logs: {log_path})", flush=True)
     console = ConsoleChannel()
     daemon = Daemon(cfg, channels={"console": console}, with_http=False, with_scheduler=False)
     await daemon.start()
+    grace_s: float | None = None
     try:
         await console.closed.wait()
-        await _wait_idle(daemon)
+        if console.ended_by == "eof":
+            await _wait_idle(daemon)  # piped input: answer the last message before leaving
+        else:
+            await console.stop_runs()  # /exit or Ctrl-C: leave now, without retrying the run later
+            grace_s = 0.0
     finally:
-        await daemon.stop()
+        await daemon.stop(grace_s)
     return 0
 
 

@@ -104,6 +104,15 @@ class ReplyStream(Protocol):
 
 
 @runtime_checkable
+class ToolActivity(Protocol):
+    """A reply stream that also shows when a tool starts and ends (the console does;
+    chat platforms keep their typing indicator instead)."""
+
+    async def tool_started(self, name: str) -> None: ...
+    async def tool_finished(self, name: str, ok: bool, ms: float) -> None: ...
+
+
+@runtime_checkable
 class ChannelAdapter(Protocol):
     """One chat platform."""
 

@@ -156,9 +156,12 @@ class RunExecutor:
                 await reply.on_chunk(event.text)
             elif event.type == "tool.call":
                 reply.reset_text()
+                if event.tool_call is not None:
+                    await reply.on_tool(event.tool_call.name)
             elif event.type == "tool.result" and event.tool_call is not None:
                 result = event.tool_result
                 failed = bool(result and result.is_error)
+                await reply.on_tool(event.tool_call.name, done=True, ok=not failed, ms=event.duration_ms or 0.0)
                 metrics.TOOL_CALLS.labels(event.tool_call.name, "error" if failed else "ok").inc()
                 attrs: dict[str, Any] = {}
                 if verbose():
