@@ -56,6 +56,14 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_parser("reset", help="clear one session's history", parents=[common]).add_argument("key")
 
     command("trace", "show the trace of a run").add_argument("run_id")
+
+    pairing = command("pairing", "DM pairing codes (dm_policy: pairing)").add_subparsers(
+        dest="pairing_command", required=True)
+    pairing.add_parser("list", help="pending codes and approved users", parents=[common]).add_argument(
+        "--json", action="store_true")
+    pairing.add_parser("approve", help="let the user of a code talk to the bot", parents=[common]).add_argument("code")
+    pairing.add_parser("deny", help="drop a code; its user gets no new one for an hour", parents=[common]).add_argument(
+        "code")
     return parser
 
 
@@ -104,6 +112,8 @@ async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
             return await commands.cron(cfg, args)
         if args.command == "sessions":
             return await commands.sessions(cfg, args)
+        if args.command == "pairing":
+            return await commands.pairing(cfg, args)
         if args.command == "trace":
             return await commands.trace(cfg, args.run_id)
     except StoreUnavailable as exc:

@@ -134,6 +134,13 @@ async def sessions(cfg: BotdConfig, args: argparse.Namespace) -> int:
     return 0
 
 
+async def pairing(cfg: BotdConfig, args: argparse.Namespace) -> int:
+    from bot.pairing import run_cli
+
+    async with store(cfg) as handle:
+        return await run_cli(handle.client, handle.keys, args, channels=["telegram", "slack"])
+
+
 async def trace(cfg: BotdConfig, run_id: str) -> int:
     async with store(cfg) as handle:
         found = await TraceStore(handle.client, cfg.redis.prefix).load(run_id)

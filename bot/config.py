@@ -82,7 +82,7 @@ class TelegramConfig(_Section):
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
     webhook_path: str = "/telegram"
-    dm_policy: Literal["allowlist", "open"] = "allowlist"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: list[str] = Field(default_factory=list)
     groups: list[str] = Field(default_factory=list)
     require_mention: bool = True
@@ -111,6 +111,7 @@ class SlackConfig(_Section):
     mode: Literal["socket", "http"] = "socket"
     api_base_url: str | None = None
     events_path: str = "/slack/events"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: list[str] = Field(default_factory=list)
     channels: list[str] = Field(default_factory=list)
     require_mention: bool = True
