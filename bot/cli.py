@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -81,9 +83,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     configure_logging(cfg.log.level, cfg.log.format, log_stream)
     try:
-        return asyncio.run(_dispatch(args, cfg))
+        code = asyncio.run(_dispatch(args, cfg))
     except KeyboardInterrupt:
-        return 130
+        code = 130
+    if args.command == "chat" and argv is None:
+        _leave_now(code, log_stream)
+    return code
+
+
+def _leave_now(code: int, log_stream: TextIO | None) -> None:
+    """End ``botd chat`` as soon as it has shut down: the interpreter's teardown of the
+    libraries it loaded would keep a person who pressed Ctrl-C waiting for seconds on a
+    busy machine, and everything worth keeping is closed and flushed by now."""
+    for stream in (sys.stdout, sys.stderr, log_stream):
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
+    os._exit(code)
 
 
 def chat_log_path(cfg: BotdConfig) -> Path:
