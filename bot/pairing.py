@@ -64,6 +64,11 @@ def normalize_code(text: str) -> str:
     return "".join(ch for ch in text.upper() if ch not in " -\t")
 
 
+def printable(text: str) -> str:
+    """A stranger chose this name; it reaches the owner's terminal without control characters."""
+    return "".join(ch if ch.isprintable() else " " for ch in text)
+
+
 def new_code() -> str:
     return "".join(secrets.choice(ALPHABET) for _ in range(CODE_LENGTH))
 
@@ -132,7 +137,7 @@ class PairingStore:
             log.warning("pairing.too_many_pending", channel=channel, user_id=user_id)
             return None
         request = PairingRequest(
-            code=new_code(), channel=channel, user_id=user_id, user_name=user_name[:100], chat_id=chat_id,
+            code=new_code(), channel=channel, user_id=user_id, user_name=printable(user_name)[:100], chat_id=chat_id,
             created_at=now, expires_at=now + CODE_TTL_S,
         )
         ttl = int(CODE_TTL_S) + GC_MARGIN_S

@@ -162,3 +162,10 @@ async def test_a_store_failure_never_reaches_the_channel(redis_client: aioredis.
     finally:
         await broken.aclose()
     assert telegram.sent == []
+
+
+async def test_a_strangers_name_cannot_drive_the_owners_terminal(store: PairingStore) -> None:
+    await store.challenge("telegram", "42", "Eve\x1b]0;pwned\x07\x1b[2J" + "x" * 500, "42")
+    [request] = await store.pending()
+    assert request.user_name.startswith("Eve ]0;pwned  [2J") and len(request.user_name) == 100
+    assert all(ch.isprintable() for ch in request.user_name)
