@@ -66,6 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     pairing.add_parser("approve", help="let the user of a code talk to the bot", parents=[common]).add_argument("code")
     pairing.add_parser("deny", help="drop a code; its user gets no new one for an hour", parents=[common]).add_argument(
         "code")
+    revoke = pairing.add_parser("revoke", help="remove an approved user", parents=[common])
+    revoke.add_argument("channel", choices=["telegram", "slack"])
+    revoke.add_argument("user_id")
     return parser
 
 

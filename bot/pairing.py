@@ -281,7 +281,7 @@ class ApprovalNotices:
 
 
 
-# ---- botd pairing list | approve CODE | deny CODE ------------------------------------------
+# ---- botd pairing list | approve CODE | deny CODE | revoke CHANNEL USER ----------------------
 
 
 async def run_cli(client: aioredis.Redis, keys: Keys, args: argparse.Namespace, channels: list[str]) -> int:
@@ -296,6 +296,12 @@ async def run_cli(client: aioredis.Redis, keys: Keys, args: argparse.Namespace, 
             }, ensure_ascii=False, indent=2))
             return 0
         print(_table(pending, approved))
+        return 0
+    if args.pairing_command == "revoke":
+        if not await store.revoke(args.channel, args.user_id):
+            print(f"botd pairing: {args.channel} user {args.user_id} is not approved", file=sys.stderr)
+            return 1
+        print(f"revoked {args.channel} user {args.user_id}")
         return 0
     approve = args.pairing_command == "approve"
     request = await (store.approve(args.code) if approve else store.deny(args.code))

@@ -140,6 +140,10 @@ async def test_a_stranger_gets_a_code_and_once_approved_is_answered_across_resta
 
     code, _, err = await rig.cli("approve", first)  # used up
     assert code == 1 and "no live code" in err
+    code, out, err = await rig.cli("revoke", "telegram", str(stranger))
+    assert code == 0 and "revoked" in out, err
+    code, _, err = await rig.cli("revoke", "telegram", str(stranger))
+    assert code == 1 and "not approved" in err
 
 
 async def test_denied_and_flooding_strangers_are_answered_a_few_times_then_not_at_all(rig: Rig) -> None:
