@@ -1,5 +1,5 @@
-"""DM pairing end to end: ``botd run`` with ``telegram.dm_policy: pairing`` against the fake
-Bot API and the fake LLM, and ``botd pairing …`` as the owner types it.
+"""DM pairing end to end: ``botd run`` with ``dm_policy: pairing`` against the fake Bot API
+(and the fake Slack) and the fake LLM, and ``botd pairing …`` as the owner types it.
 
 A stranger's DM gets a code and costs no LLM call; approving the code lets the user talk
 (also after a restart, since approvals live in Redis); denying silences them; replies
@@ -27,6 +27,7 @@ from tests.e2e.botd_process import REPO, BotdProcess, botd_run, clean_env, free_
 from tests.e2e.chat_rig import eventually
 from tests.fakes.marker_router import Router, last_user_text
 from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.slack_server import FakeSlack, message_event
 from tests.fakes.telegram_server import FakeTelegram
 
 pytestmark = [pytest.mark.e2e]
@@ -60,13 +61,7 @@ class Rig:
         await eventually(lambda: predicate(self.texts(chat_id)), 15, f"{what}: {self.texts(chat_id)}")
 
     async def cli(self, *args: str) -> tuple[int, str, str]:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot.cli", "--config", str(self.config), "pairing", *args,
-            cwd=str(self.workdir), env=clean_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        )
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode is not None
-        return proc.returncode, out.decode(), err.decode()
+        return await pairing_cli(self.config, self.workdir, *args)
 
     @contextlib.asynccontextmanager
     async def botd(self) -> AsyncIterator[BotdProcess]:
@@ -75,6 +70,17 @@ class Rig:
             await eventually(lambda: bool(self.tg.calls_to("getUpdates")), 20, "polling")
             yield botd
             assert await botd.terminate() == 0, botd.log()[-3000:]
+
+
+async def pairing_cli(config: Path, workdir: Path, *args: str) -> tuple[int, str, str]:
+    """``botd pairing ARGS`` as the owner runs it: exit code, stdout, stderr."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "--config", str(config), "pairing", *args,
+        cwd=str(workdir), env=clean_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
 
 
 def log_events(botd: BotdProcess, event: str) -> list[dict[str, Any]]:
@@ -171,3 +177,41 @@ async def test_denied_and_flooding_strangers_are_answered_a_few_times_then_not_a
         assert status == 1 and "no live code" in err
         status, _, err = await rig.cli("approve", "../../*")
         assert status == 1 and "no live code" in err
+
+
+async def test_slack_stranger_is_paired_through_the_dm(tmp_path: Path, redis_url: str) -> None:
+    stranger, dm = "UMALLORY", "DMALLORY"
+    async with FakeSlack() as slack, FakeOpenAI(responder=Router()) as llm:
+        port = free_port()
+        config = write_config(tmp_path / "botd.yaml", {
+            "agent": {"workspace": str(tmp_path / "ws")},
+            "llm": {"base_url": llm.base_url, "api_key": "test-key", "max_retries": 0},
+            "redis": {"url": redis_url, "prefix": f"pairslack{uuid.uuid4().hex[:8]}"},
+            "http": {"port": port},
+            "slack": {"enabled": True, "mode": "socket", "bot_token": slack.bot_token, "app_token": slack.app_token,
+                      "api_base_url": slack.api_url, "dm_policy": "pairing", "allow_from": ["UOWNER"]},
+            "queue": {"debounce_ms": 0},
+            "gateway": {"shutdown_grace_s": 2},
+        })
+
+        def texts() -> list[str]:
+            return [str(m.get("text") or "") for (ch, _), m in sorted(slack.messages.items()) if ch == dm]
+
+        async def say(text: str, ts: str) -> None:
+            event = message_event(text, channel=dm, user=stranger, ts=ts, channel_type="im")
+            await slack.wait_ack(await slack.push_event(event, event_id=f"Ev{ts.replace('.', '')}"))
+
+        async with botd_run(config, port, tmp_path) as botd:
+            await botd.wait_healthy()
+            await slack.wait_connected(within=15)
+            await say("hello", "100.1")
+            await eventually(lambda: any("pairing code" in t for t in texts()), 15, f"a code: {texts()}")
+            assert not llm.requests
+            found = CODE.search(texts()[0])
+            assert found
+            status, out, err = await pairing_cli(config, tmp_path, "approve", found.group(1))
+            assert status == 0 and f"approved slack user {stranger}" in out, err
+            await eventually(lambda: APPROVED_TEXT in texts(), 15, f"the approval notice: {texts()}")
+            await say("now mkslackpair", "100.2")
+            await eventually(lambda: any("echo: now mkslackpair" in t for t in texts()), 15, f"an answer: {texts()}")
+            assert await botd.terminate() == 0, botd.log()[-3000:]
