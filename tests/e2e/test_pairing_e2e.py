@@ -93,19 +93,26 @@ def log_events(botd: BotdProcess, event: str) -> list[dict[str, Any]]:
     return out
 
 
+def pairing_config(workdir: Path, llm: FakeOpenAI, redis_url: str, port: int, **channel: dict[str, Any]) -> Path:
+    """A config with one platform section (``telegram=`` or ``slack=``)."""
+    return write_config(workdir / "botd.yaml", {
+        "agent": {"workspace": str(workdir / "ws")},
+        "llm": {"base_url": llm.base_url, "api_key": "test-key", "max_retries": 0},
+        "redis": {"url": redis_url, "prefix": f"pair{uuid.uuid4().hex[:8]}"},
+        "http": {"port": port},
+        "queue": {"debounce_ms": 0},
+        "gateway": {"shutdown_grace_s": 2},
+        **channel,
+    })
+
+
 @pytest.fixture
 async def rig(tmp_path: Path, redis_url: str) -> AsyncIterator[Rig]:
     async with FakeTelegram(TOKEN, bot_username="pairing_bot") as tg, FakeOpenAI(responder=Router()) as llm:
         port = free_port()
-        config = write_config(tmp_path / "botd.yaml", {
-            "agent": {"workspace": str(tmp_path / "ws")},
-            "llm": {"base_url": llm.base_url, "api_key": "test-key", "max_retries": 0},
-            "redis": {"url": redis_url, "prefix": f"pair{uuid.uuid4().hex[:8]}"},
-            "http": {"port": port},
-            "telegram": {"enabled": True, "token": TOKEN, "api_base_url": tg.base_url,
-                         "dm_policy": "pairing", "allow_from": [str(OWNER)]},
-            "queue": {"debounce_ms": 0},
-            "gateway": {"shutdown_grace_s": 2},
+        config = pairing_config(tmp_path, llm, redis_url, port, telegram={
+            "enabled": True, "token": TOKEN, "api_base_url": tg.base_url, "dm_policy": "pairing",
+            "allow_from": [str(OWNER)],
         })
         yield Rig(tg, llm, config, tmp_path, port)
     assert not (REPO / "workspace").exists()
@@ -183,15 +190,9 @@ async def test_slack_stranger_is_paired_through_the_dm(tmp_path: Path, redis_url
     stranger, dm = "UMALLORY", "DMALLORY"
     async with FakeSlack() as slack, FakeOpenAI(responder=Router()) as llm:
         port = free_port()
-        config = write_config(tmp_path / "botd.yaml", {
-            "agent": {"workspace": str(tmp_path / "ws")},
-            "llm": {"base_url": llm.base_url, "api_key": "test-key", "max_retries": 0},
-            "redis": {"url": redis_url, "prefix": f"pairslack{uuid.uuid4().hex[:8]}"},
-            "http": {"port": port},
-            "slack": {"enabled": True, "mode": "socket", "bot_token": slack.bot_token, "app_token": slack.app_token,
-                      "api_base_url": slack.api_url, "dm_policy": "pairing", "allow_from": ["UOWNER"]},
-            "queue": {"debounce_ms": 0},
-            "gateway": {"shutdown_grace_s": 2},
+        config = pairing_config(tmp_path, llm, redis_url, port, slack={
+            "enabled": True, "mode": "socket", "bot_token": slack.bot_token, "app_token": slack.app_token,
+            "api_base_url": slack.api_url, "dm_policy": "pairing", "allow_from": ["UOWNER"],
         })
 
         def texts() -> list[str]:
