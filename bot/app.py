@@ -26,6 +26,7 @@ from bot.gateway.reply import DeliveryLedger
 from bot.gateway.run import RunDeps, RunExecutor
 from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
+from bot.pairing import ApprovalNotices, ChannelPairing, PairingStore
 from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key
 from bot.store.connection import RedisHandle
@@ -157,6 +158,9 @@ class App:
         self.ledger = DeliveryLedger(client, prefix)
         self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s)
         self.traces = TraceStore(client, prefix)
+        self.pairing = PairingStore(client, keys)
+        notices = ApprovalNotices(client, keys, self.channels)
+        self.broadcast.on(keys.pairing_events(), notices.on_event)
         self.compactor = SessionCompactor(self.sessions, client, prefix, self.model, self.tool_settings, cfg)
         self.executor = RunExecutor(
             RunDeps(
@@ -202,4 +206,10 @@ class App:
             add_route=add_route,
             replica_id=self.replica,
             commands=COMMANDS,
+            pairing=ChannelPairing(self.pairing, name, self.channels) if self._pairs(name) else None,
         )
+
+    def _pairs(self, channel: str) -> bool:
+        if channel == "telegram":
+            return self.cfg.telegram.dm_policy == "pairing"
+        return channel == "slack" and self.cfg.slack.dm_policy == "pairing"

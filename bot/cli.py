@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
 
 from bot import __version__
 from bot.config import BotdConfig, ConfigError, load_config
 from bot.init_wizard import add_init_arguments
-from bot.logs import configure_logging
+from bot.logs import configure_logging, open_log_file
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -19,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--config", default=argparse.SUPPRESS, metavar="PATH",
                         help="config file (default: $BOTD_CONFIG, else ./botd.yaml, else ~/.botd/botd.yaml)")
     common.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="say which config and store are in use")
+                        help="say which config and store are in use (botd chat: log to stderr, not a file)")
     parser = argparse.ArgumentParser(prog="botd", description="Chat-platform bot daemon.", parents=[common])
     parser.add_argument("--version", action="version", version=f"botd {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,6 +68,17 @@ def build_parser() -> argparse.ArgumentParser:
     sessions.add_parser("reset", help="clear one session's history", parents=[common]).add_argument("key")
 
     command("trace", "show the trace of a run").add_argument("run_id")
+
+    pairing = command("pairing", "DM pairing codes (dm_policy: pairing)").add_subparsers(
+        dest="pairing_command", required=True)
+    pairing.add_parser("list", help="pending codes and approved users", parents=[common]).add_argument(
+        "--json", action="store_true")
+    pairing.add_parser("approve", help="let the user of a code talk to the bot", parents=[common]).add_argument("code")
+    pairing.add_parser("deny", help="drop a code; its user gets no new one for an hour", parents=[common]).add_argument(
+        "code")
+    revoke = pairing.add_parser("revoke", help="remove an approved user", parents=[common])
+    revoke.add_argument("channel", choices=["telegram", "slack"])
+    revoke.add_argument("user_id")
     return parser
 
 
@@ -85,11 +100,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     # One-shot commands print results, not the store's info logs (unless --verbose).
     quiet = args.command not in ("run", "chat") and not getattr(args, "verbose", False)
     level = "warning" if quiet and cfg.log.level in ("debug", "info") else cfg.log.level
-    configure_logging(level, cfg.log.format)
     try:
-        return asyncio.run(_dispatch(args, cfg))
+        log_stream = _log_stream(args, cfg)
+    except OSError as exc:
+        print(f"botd: cannot write the log file ({exc}); use --verbose to log to stderr", file=sys.stderr)
+        return 1
+    configure_logging(level, cfg.log.format, log_stream)
+    try:
+        code = asyncio.run(_dispatch(args, cfg))
     except KeyboardInterrupt:
-        return 130
+        code = 130
+    if args.command == "chat" and argv is None:
+        _leave_now(code, log_stream)
+    return code
+
+
+def _leave_now(code: int, log_stream: TextIO | None) -> None:
+    """End ``botd chat`` as soon as it has shut down: the interpreter's teardown of the
+    libraries it loaded would keep a person who pressed Ctrl-C waiting for seconds on a
+    busy machine, and everything worth keeping is closed and flushed by now."""
+    for stream in (sys.stdout, sys.stderr, log_stream):
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.flush()
+    os._exit(code)
+
+
+def chat_log_path(cfg: BotdConfig) -> Path:
+    return cfg.workspace / ".botd" / "logs" / "chat.log"
+
+
+def _log_stream(args: argparse.Namespace, cfg: BotdConfig) -> TextIO | None:
+    """``botd chat`` is a conversation on the terminal: its logs go to a file unless --verbose."""
+    if args.command != "chat" or getattr(args, "verbose", False):
+        return None
+    return open_log_file(chat_log_path(cfg))
 
 
 async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
@@ -110,13 +155,15 @@ async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
         if args.command == "run":
             return await commands.run(cfg)
         if args.command == "chat":
-            return await commands.chat(cfg)
+            return await commands.chat(cfg, None if getattr(args, "verbose", False) else chat_log_path(cfg))
         if args.command == "doctor":
             return await doctor(cfg)
         if args.command == "cron":
             return await commands.cron(cfg, args)
         if args.command == "sessions":
             return await commands.sessions(cfg, args)
+        if args.command == "pairing":
+            return await commands.pairing(cfg, args)
         if args.command == "trace":
             return await commands.trace(cfg, args.run_id)
     except (StoreUnavailable, ListenError) as exc:

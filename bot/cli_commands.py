@@ -9,6 +9,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 
 from bot.config import BotdConfig
 from bot.daemon import Daemon
@@ -32,17 +33,24 @@ async def run(cfg: BotdConfig) -> int:
     return 0
 
 
-async def chat(cfg: BotdConfig) -> int:
+async def chat(cfg: BotdConfig, log_path: Path | None) -> int:
     from channels.console import ConsoleChannel
 
+    if log_path is not None:
+        print(f"starting… (logs: {log_path})", flush=True)
     console = ConsoleChannel()
     daemon = Daemon(cfg, channels={"console": console}, with_http=False, with_scheduler=False)
     await daemon.start()
+    grace_s: float | None = None
     try:
         await console.closed.wait()
-        await _wait_idle(daemon)
+        if console.ended_by == "eof":
+            await _wait_idle(daemon)  # piped input: answer the last message before leaving
+        else:
+            await console.stop_runs()  # /exit or Ctrl-C: leave now, without retrying the run later
+            grace_s = 0.0
     finally:
-        await daemon.stop()
+        await daemon.stop(grace_s)
     return 0
 
 
@@ -142,6 +150,13 @@ def _local_time(epoch: float | None) -> str:
     if epoch is None:
         return "-"
     return datetime.fromtimestamp(epoch).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+async def pairing(cfg: BotdConfig, args: argparse.Namespace) -> int:
+    from bot.pairing import run_cli
+
+    async with store(cfg) as handle:
+        return await run_cli(handle.client, handle.keys, args, channels=["telegram", "slack"])
 
 
 async def trace(cfg: BotdConfig, run_id: str) -> int:

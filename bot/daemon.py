@@ -106,8 +106,8 @@ class Daemon:
     async def wait(self) -> None:
         await self._stop.wait()
 
-    async def stop(self) -> None:
-        """Stop intake, let runs finish for ``shutdown_grace_s``, cancel the rest, close."""
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop intake, let runs finish for ``grace_s`` (default ``shutdown_grace_s``), cancel the rest, close."""
         log.info("botd.stopping")
         if self._beacon is not None:
             with contextlib.suppress(Exception):
@@ -120,7 +120,7 @@ class Daemon:
             if self._with_scheduler:
                 with contextlib.suppress(Exception):
                     await app.scheduler.stop(grace_s=1.0)
-            await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s)
+            await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s if grace_s is None else grace_s)
         # Intake stopped first; replies of finishing runs needed the clients until now.
         for channel in self._started_channels:
             with contextlib.suppress(Exception):

@@ -25,7 +25,7 @@ from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sani
 from agent.types import DeliveryStatus, RunKind, RunResult
 from bot import metrics
 from bot.store.keys import Keys
-from channels.base import ChannelAdapter, ReplyStream, Target
+from channels.base import ChannelAdapter, ReplyStream, Target, ToolActivity
 
 log = structlog.get_logger(__name__)
 
@@ -176,6 +176,12 @@ class Reply:
     def reset_text(self) -> None:
         """A new assistant turn starts (after tool calls): the preview restarts with it."""
         self._raw = ""
+
+    async def on_tool(self, name: str, *, done: bool = False, ok: bool = True, ms: float = 0.0) -> None:
+        """Tell a stream that shows tool activity (see :class:`ToolActivity`) about a tool call."""
+        stream = self._stream
+        if self._previews and isinstance(stream, ToolActivity):
+            await self._safe("tool", stream.tool_finished(name, ok, ms) if done else stream.tool_started(name))
 
     async def finish(self, raw_final: str) -> DeliveryStatus:
         """Deliver the final answer (or nothing, when silent); close the stream either way."""

@@ -140,9 +140,11 @@ class RunObserver:
             await self._reply.on_chunk(event.text)
         elif isinstance(event, ToolCallEvent):
             self._reply.reset_text()
+            await self._reply.on_tool(event.tool_call.name)
         elif isinstance(event, ToolResultEvent):
             result = event.tool_result
             failed = result.is_error
+            await self._reply.on_tool(event.tool_call.name, done=True, ok=not failed, ms=event.duration_ms or 0.0)
             metrics.TOOL_CALLS.labels(event.tool_call.name, "error" if failed else "ok").inc()
             attrs: dict[str, Any] = {}
             if verbose():

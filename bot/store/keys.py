@@ -152,3 +152,29 @@ class Keys:
 
     def replica_index(self) -> str:
         return self.key("replicas")
+
+    # DM pairing (bot.pairing): live codes, each user's live code, reply budgets, approvals.
+    def pairing_code(self, code: str) -> str:
+        return self.key("pairing", "code", code)
+
+    def pairing_user(self, channel: str, user_id: str) -> str:
+        """The live code of one user (or the denied marker), so a repeated DM repeats it."""
+        return self.key("pairing", "user", channel, user_id)
+
+    def pairing_replies(self, channel: str, user_id: str, hour: str) -> str:
+        return self.key("pairing", "replies", channel, user_id, hour)
+
+    def pairing_pending(self) -> str:
+        """Sorted set of live codes scored by expiry (unix seconds), for listing."""
+        return self.key("pairing", "pending")
+
+    def pairing_approved(self, channel: str) -> str:
+        """Hash of approved user id -> JSON record."""
+        return self.key("pairing", "approved", channel)
+
+    def pairing_events(self) -> str:
+        """Pub/sub channel on which approvals reach the daemon, which tells the user."""
+        return self.key("pairing", "events")
+
+    def pairing_notified(self, code: str) -> str:
+        return self.key("pairing", "notified", code)

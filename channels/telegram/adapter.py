@@ -23,15 +23,17 @@ from telegram.error import InvalidToken, TelegramError
 from telegram.request import HTTPXRequest
 
 from agent.types import RunRequest, TelegramChat
-from channels.base import ChannelContext, ChannelStartError, ReplyStream, Target
+from channels.base import ChannelContext, ChannelStartError, PairingGate, ReplyStream, Target
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
     CONTROL_COMMANDS,
+    DM_NOT_ALLOWED,
     Access,
     BotIdentity,
     Ignored,
     Inbound,
     MalformedUpdate,
+    display_name,
     normalize_update,
 )
 from channels.telegram.polling import PollingIntake
@@ -237,8 +239,9 @@ class TelegramChannel:
         ctx = self._ctx
         if ctx is None or self.me is None:
             raise RuntimeError("the telegram channel is not started")
+        access = await self._access_for(update)
         try:
-            decision = normalize_update(update, self.me, self.access, self._command_names)
+            decision = normalize_update(update, self.me, access, self._command_names)
         except MalformedUpdate as exc:
             if strict:
                 raise BadUpdate(str(exc)) from None
@@ -253,6 +256,8 @@ class TelegramChannel:
                          reason=decision.reason)
             else:
                 log.debug("telegram.ignored", update_id=update.update_id, reason=decision.reason)
+            if decision.reason == DM_NOT_ALLOWED and decision.user_id and decision.chat_id:
+                await self._challenge(update, decision.user_id, decision.chat_id)
             if decision.callback_id:
                 await self._answer_callback(decision.callback_id, "Not allowed." if decision.unauthorized else None)
             return
@@ -266,6 +271,28 @@ class TelegramChannel:
             await self._answer_callback(decision.callback_id, "Approved." if decision.decision == "approve" else "Denied.")
             if update.callback_query is not None and update.callback_query.message is not None:
                 await self._remove_buttons(update.callback_query.message.chat.id, update.callback_query.message.message_id)
+
+    def _pairing(self) -> PairingGate | None:
+        return self._ctx.pairing if self._ctx is not None and self.settings.dm_policy == "pairing" else None
+
+    async def _access_for(self, update: Update) -> Access:
+        """With pairing, a sender approved by code counts as listed for this update."""
+        pairing = self._pairing()
+        try:
+            user = update.effective_user
+        except Exception:  # a malformed update: normalize_update says why
+            return self.access
+        if pairing is None or user is None or self.access.user_listed(user):
+            return self.access
+        return self.access.with_user(str(user.id)) if await pairing.is_approved(str(user.id)) else self.access
+
+    async def _challenge(self, update: Update, user_id: str, chat_id: str) -> None:
+        """A stranger's DM under ``dm_policy: pairing``: answered with a code, no LLM call."""
+        pairing = self._pairing()
+        if pairing is None:
+            return
+        user = update.effective_user
+        await pairing.challenge(user_id, display_name(user) if user is not None else user_id, chat_id)
 
     def _run_request(self, inbound: Inbound, ctx: ChannelContext) -> RunRequest:
         key = ctx.session_key(inbound.scope, inbound.chat_id, topic=inbound.topic_id)
