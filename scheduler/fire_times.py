@@ -12,6 +12,8 @@ from datetime import datetime, timedelta
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.date import DateTrigger
 
+from scheduler.crontab import CrontabTrigger
+
 _TICK = timedelta(microseconds=1)
 _MAX_STEPS = 100_000
 
@@ -39,10 +41,15 @@ class NotBeforeTrigger(BaseTrigger):
 
 
 def effective_trigger(base: BaseTrigger, *, one_shot: bool, not_before: datetime | None) -> BaseTrigger:
-    """The trigger to schedule: a failed one-shot retries at ``not_before``; others skip until then."""
+    """The trigger to schedule: a failed one-shot retries at ``not_before``; others skip until then.
+
+    Back-off only ever delays: a one-shot never runs before its own time.
+    """
     if not_before is None:
         return base
     if one_shot:
+        if isinstance(base, DateTrigger):
+            not_before = max(not_before, base.run_date)
         return DateTrigger(run_date=not_before, timezone=not_before.tzinfo)
     return NotBeforeTrigger(base, not_before)
 
@@ -63,6 +70,8 @@ def latest_fire_between(trigger: BaseTrigger, after: datetime, before: datetime)
     """
     if before <= after:
         return None
+    if isinstance(trigger, CrontabTrigger):
+        return trigger.latest_fire_between(after, before)
     window = timedelta(minutes=1)
     while True:
         start = max(before - window, after + _TICK)

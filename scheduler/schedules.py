@@ -19,7 +19,7 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from scheduler.crontab import parse_crontab
+from scheduler.crontab import parse_crontab, wall_time
 from scheduler.durations import format_duration, parse_duration
 from scheduler.errors import CronError
 
@@ -141,8 +141,8 @@ def parse_at(text: str, *, tz: str, now: datetime) -> AtSchedule:
             f"at: {raw!r} is not an ISO-8601 time (e.g. 2027-03-28T09:00:00+02:00 or 2027-03-28 09:00)"
         ) from None
     if moment.tzinfo is None:
-        # fold=0 picks the first of a repeated wall time; a time in a DST gap maps forward.
-        moment = datetime.fromtimestamp(moment.replace(tzinfo=ZoneInfo(tz)).timestamp(), UTC)
+        # The job's zone, on cron's wall-clock rules: first pass of a repeated time, a skipped one at the jump.
+        moment = wall_time(moment, ZoneInfo(tz)).first
     if moment <= now:
         raise ScheduleError(f"at: {raw!r} is in the past (now is {now.astimezone(ZoneInfo(tz)).isoformat()})")
     return AtSchedule(at=moment.astimezone(UTC), tz=tz)
