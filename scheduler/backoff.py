@@ -7,7 +7,9 @@ caller tells the target chat, once: only the enabling->disabled transition
 reports ``disabled_now``). A failed one-shot job is retried at the back-off time
 until it succeeds or is disabled; a successful one-shot is removed; a one-shot
 whose only fire was skipped is kept, disabled, so it stays visible in the list.
-A manual run-now that succeeds re-enables a job that failures had disabled.
+A manual run-now that succeeds re-enables a job that failures had disabled; one
+that fails counts in the streak but sets no back-off floor, so it never moves the
+job's own next fire (a one-shot still runs at its time).
 Delivery problems never count: only ``run_status`` matters here.
 """
 
@@ -42,10 +44,10 @@ def apply_run(job: CronJob, record: RunRecord) -> Transition:
     job = job.model_copy(update={"last_run": record})
     if record.failed:
         streak = job.failure_streak + 1
-        updates: dict[str, object] = {
-            "failure_streak": streak,
-            "not_before": record.finished_at + timedelta(seconds=backoff_s(streak)),
-        }
+        updates: dict[str, object] = {"failure_streak": streak}
+        if record.trigger != "run_now":
+            # A manual run never moves the schedule: back-off only delays scheduled fires.
+            updates["not_before"] = record.finished_at + timedelta(seconds=backoff_s(streak))
         disabled_now = streak >= MAX_CONSECUTIVE_FAILURES and job.enabled
         if disabled_now:
             updates["enabled"] = False
