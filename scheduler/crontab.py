@@ -30,6 +30,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 from apscheduler.triggers.base import BaseTrigger
@@ -144,7 +145,7 @@ class Crontab:
             fire = self._first_on(day, zone, moment, inclusive)
             if fire is not None and (found is None or fire < found):
                 found, found_day = fire, day
-        return found.astimezone(zone) if found is not None else None
+        return found
 
     def previous_fire(self, moment: datetime, zone: ZoneInfo) -> datetime | None:
         """The last fire strictly before ``moment``; None past the horizon."""
@@ -156,7 +157,7 @@ class Crontab:
             fire = self._last_on(day, zone, moment)
             if fire is not None and (found is None or fire > found):
                 found, found_day = fire, day
-        return found.astimezone(zone) if found is not None else None
+        return found
 
     def _first_on(self, day: date, zone: ZoneInfo, moment: datetime, inclusive: bool) -> datetime | None:
         offset = _steady_offset(day, zone)
@@ -184,24 +185,12 @@ class Crontab:
         # Minutes of the day this expression fires at, sorted: the fast path bisects them.
         object.__setattr__(self, "_times", tuple(h * 60 + m for h in self.hours for m in self.minutes))
 
-    def fires_on(self, day: date, zone: ZoneInfo) -> list[datetime]:
+    def fires_on(self, day: date, zone: ZoneInfo) -> tuple[datetime, ...]:
         """The UTC instants of the fires that belong to local calendar day ``day``, sorted."""
         offset = _steady_offset(day, zone)
         if offset is not None:
-            return [f for i in range(len(self._times)) if (f := self._instant(day, offset, i)) is not None]
-        start = datetime(day.year, day.month, day.day)
-        fires: set[datetime] = set()
-        for hour in self.hours:
-            for minute in self.minutes:
-                resolved = wall_time(start.replace(hour=hour, minute=minute), zone)
-                if resolved.skipped:
-                    if not self.wildcard_time:
-                        fires.add(resolved.first)
-                    continue
-                fires.add(resolved.first)
-                if resolved.second is not None and self.wildcard_time:
-                    fires.add(resolved.second)
-        return sorted(fires)
+            return tuple(f for i in range(len(self._times)) if (f := self._instant(day, offset, i)) is not None)
+        return _changing_day_fires(self, day, zone)
 
     def _days(self, start: date, *, forward: bool) -> Iterator[date]:
         """Matching local days from ``start`` (inclusive), in order, up to the horizon."""
@@ -224,6 +213,24 @@ class Crontab:
                 year, month = year - 1, 12
             if not 1 < year < 9999:
                 return
+
+
+@lru_cache(maxsize=512)
+def _changing_day_fires(crontab: Crontab, day: date, zone: ZoneInfo) -> tuple[datetime, ...]:
+    """Fires on a day whose offset changes: each wall time resolved on its own (cached: rare, slow)."""
+    start = datetime(day.year, day.month, day.day)
+    fires: set[datetime] = set()
+    for hour in crontab.hours:
+        for minute in crontab.minutes:
+            resolved = wall_time(start.replace(hour=hour, minute=minute), zone)
+            if resolved.skipped:
+                if not crontab.wildcard_time:
+                    fires.add(resolved.first)
+                continue
+            fires.add(resolved.first)
+            if resolved.second is not None and crontab.wildcard_time:
+                fires.add(resolved.second)
+    return tuple(sorted(fires))
 
 
 def _steady_offset(day: date, zone: ZoneInfo) -> timedelta | None:
