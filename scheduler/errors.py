@@ -32,3 +32,7 @@ class NotYourJobError(CronError):
 
 class InvalidJobError(CronError):
     """A job definition (id, prompt, target, allow) that cannot be stored."""
+
+
+class SchedulerNotRunningError(CronError):
+    """A request that only a running daemon can serve, made while none listens."""
