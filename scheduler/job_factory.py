@@ -16,9 +16,14 @@ from scheduler.schedules import build_schedule
 def make_target(channel: str | None, chat_id: str | None, thread_id: str | None = None) -> JobTarget:
     """A delivery target; InvalidJobError names the bad part."""
     if not channel:
-        raise InvalidJobError("channel: required (telegram, slack or console)")
-    if channel not in ("telegram", "slack", "console"):
-        raise InvalidJobError(f"channel: {channel!r} is not a chat channel (use telegram, slack or console)")
+        raise InvalidJobError("channel: required (telegram or slack)")
+    if channel == "console":
+        # `botd chat` runs no scheduler and `botd run` has no console: nothing could ever deliver.
+        raise InvalidJobError(
+            "channel: console cannot receive scheduled runs (botd chat runs no scheduler); use telegram or slack"
+        )
+    if channel not in ("telegram", "slack"):
+        raise InvalidJobError(f"channel: {channel!r} is not a chat channel (use telegram or slack)")
     if chat_id is None or not str(chat_id).strip():
         raise InvalidJobError("chat-id: required")
     try:
