@@ -2,6 +2,8 @@
 
 The end is exclusive, ``24:00`` is allowed as an end, and a window whose end is
 before its start crosses midnight (``22:00-06:00`` is 22:00 until 06:00 next day).
+Membership is read on the wall clock, like a cron job's ``*`` fields: both passes of
+a repeated hour count, a wall time skipped by a change never happens.
 """
 
 from __future__ import annotations
