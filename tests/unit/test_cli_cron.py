@@ -29,6 +29,12 @@ def write_config(tmp_path: Path, redis_url: str, prefix: str) -> str:
     return str(path)
 
 
+def add_job(config: str, capsys: pytest.CaptureFixture[str], job_id: str, *schedule: str) -> None:
+    argv = ["cron", "add", *schedule, "--channel", "telegram", "--chat-id", "5", "--prompt", "p", "--id", job_id]
+    assert main([*argv, "--config", config]) == 0
+    assert capsys.readouterr().out.strip() == job_id
+
+
 @pytest.fixture
 def config(tmp_path: Path, redis_url: str, redis_prefix: str) -> str:
     return write_config(tmp_path, redis_url, redis_prefix)
@@ -89,9 +95,7 @@ def test_next_rejects_bad_input_with_exit_2(
 def test_next_and_list_for_a_stored_job_agree(
     config: str, redis_url: str, redis_prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["cron", "add", "--cron", "0 0 * * *", "--channel", "telegram", "--chat-id", "5",
-                 "--prompt", "midnight", "--id", "midnight", "--config", config]) == 0
-    capsys.readouterr()
+    add_job(config, capsys, "midnight", "--cron", "0 0 * * *")
     assert main(["cron", "next", "midnight", "--count", "1", "--json", "--config", config]) == 0
     [upcoming] = json.loads(capsys.readouterr().out)
     assert upcoming.endswith(("+01:00", "+02:00"))  # shown in the job's zone (scheduler.timezone)
@@ -113,9 +117,7 @@ def test_console_channel_is_refused(config: str, capsys: pytest.CaptureFixture[s
 def test_run_now_without_a_daemon_fails_and_queues_nothing(
     config: str, redis_url: str, redis_prefix: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["cron", "add", "--every", "1h", "--channel", "telegram", "--chat-id", "5",
-                 "--prompt", "p", "--id", "hourly", "--config", config]) == 0
-    capsys.readouterr()
+    add_job(config, capsys, "hourly", "--every", "1h")
     assert main(["cron", "run-now", "hourly", "--wait", "5", "--config", config]) == 1
     captured = capsys.readouterr()
     assert "no running daemon" in captured.err and "requested" not in captured.out
