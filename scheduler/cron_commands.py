@@ -220,13 +220,16 @@ class UpcomingFires:
 def upcoming_fires(trigger: BaseTrigger, after: datetime, count: int) -> tuple[datetime, ...]:
     """The first ``count`` fires at or after ``after``, chained exactly as APScheduler chains them."""
     fires: list[datetime] = []
-    fire = next_fire(trigger, after)
-    while fire is not None and len(fires) < count:
-        fires.append(fire)
-        following: datetime | None = trigger.get_next_fire_time(fire, fire)
-        if following is None or following <= fire:
-            break
-        fire = following
+    try:
+        fire = next_fire(trigger, after)
+        while fire is not None and len(fires) < count:
+            fires.append(fire)
+            following: datetime | None = trigger.get_next_fire_time(fire, fire)
+            if following is None or following <= fire:
+                break
+            fire = following
+    except (OverflowError, ValueError):
+        pass  # the next fire would lie beyond year 9999: there is none
     return tuple(fires)
 
 
@@ -282,4 +285,10 @@ def _after(text: str | None, zone_name: str, clock: Clock) -> datetime:
         moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
     except ValueError:
         raise ScheduleError(f"after: {text!r} is not an ISO-8601 time (e.g. 2027-03-28T09:00:00+02:00)") from None
-    return moment if moment.tzinfo is not None else wall_time(moment, ZoneInfo(zone_name)).first
+    try:
+        instant = moment.astimezone(UTC) if moment.tzinfo is not None else wall_time(moment, ZoneInfo(zone_name)).first
+    except OverflowError:
+        instant = datetime.min.replace(tzinfo=UTC)
+    if not 2 <= instant.year <= 9998:
+        raise ScheduleError(f"after: {text!r} is outside the years 2-9998")
+    return instant

@@ -50,6 +50,8 @@ _MAX_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 _DAY = timedelta(days=1)
 # Every valid expression fires within one 400-year Gregorian cycle.
 _HORIZON_MONTHS = 12 * 401
+# Days are searched in these years only, so no date or instant arithmetic can overflow.
+_FIRST_YEAR, _LAST_YEAR = 2, 9998
 
 
 @dataclass(frozen=True)
@@ -122,12 +124,13 @@ class Crontab:
     wildcard_time: bool
     _times: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        # Minutes of the day this expression fires at, sorted: the fast path bisects them.
+        object.__setattr__(self, "_times", tuple(h * 60 + m for h in self.hours for m in self.minutes))
+
     def trigger(self, timezone: ZoneInfo) -> CrontabTrigger:
         """The APScheduler trigger firing at this expression's instants in ``timezone``."""
         return CrontabTrigger(self, timezone)
-
-    def day_matches(self, day: date) -> bool:
-        return day.month in self.months and self._day_in_month(day.day, (day.isoweekday() % 7))
 
     def _day_in_month(self, day: int, weekday: int) -> bool:
         in_days, in_weekdays = day in self.days, weekday in self.weekdays
@@ -139,7 +142,7 @@ class Crontab:
         """The first fire after ``moment`` (or at it, with ``inclusive``); None past the horizon."""
         found: datetime | None = None
         found_day = date.min
-        for day in self._days(moment.astimezone(zone).date() - _DAY, forward=True):
+        for day in self._days(_local_date(moment, zone, -1), forward=True):
             if found is not None and day > found_day + _DAY:
                 break  # only neighbouring days can interleave (a change around midnight)
             fire = self._first_on(day, zone, moment, inclusive)
@@ -151,7 +154,7 @@ class Crontab:
         """The last fire strictly before ``moment``; None past the horizon."""
         found: datetime | None = None
         found_day = date.max
-        for day in self._days(moment.astimezone(zone).date() + _DAY, forward=False):
+        for day in self._days(_local_date(moment, zone, 1), forward=False):
             if found is not None and day < found_day - _DAY:
                 break
             fire = self._last_on(day, zone, moment)
@@ -181,10 +184,6 @@ class Crontab:
         start = datetime(day.year, day.month, day.day, tzinfo=UTC)
         return start + timedelta(minutes=self._times[index]) - offset
 
-    def __post_init__(self) -> None:
-        # Minutes of the day this expression fires at, sorted: the fast path bisects them.
-        object.__setattr__(self, "_times", tuple(h * 60 + m for h in self.hours for m in self.minutes))
-
     def fires_on(self, day: date, zone: ZoneInfo) -> tuple[datetime, ...]:
         """The UTC instants of the fires that belong to local calendar day ``day``, sorted."""
         offset = _steady_offset(day, zone)
@@ -196,6 +195,8 @@ class Crontab:
         """Matching local days from ``start`` (inclusive), in order, up to the horizon."""
         year, month = start.year, start.month
         for _ in range(_HORIZON_MONTHS):
+            if not _FIRST_YEAR <= year <= _LAST_YEAR:
+                return  # keeps every date and instant computed here inside datetime's range
             if month in self.months:
                 first_weekday = date(year, month, 1).isoweekday() % 7
                 length = calendar.monthrange(year, month)[1]
@@ -211,8 +212,6 @@ class Crontab:
                 year, month = year + 1, 1
             elif month < 1:
                 year, month = year - 1, 12
-            if not 1 < year < 9999:
-                return
 
 
 @lru_cache(maxsize=512)
@@ -233,6 +232,15 @@ def _changing_day_fires(crontab: Crontab, day: date, zone: ZoneInfo) -> tuple[da
     return tuple(sorted(fires))
 
 
+def _local_date(moment: datetime, zone: ZoneInfo, shift_days: int) -> date:
+    """The local date of ``moment`` shifted by some days, clamped to the searchable years."""
+    local = moment.astimezone(UTC).replace(tzinfo=None)  # never overflows: moment is in range
+    year = min(max(local.year, _FIRST_YEAR), _LAST_YEAR)
+    if year != local.year:
+        return date(year, 1, 1) if year == _FIRST_YEAR else date(year, 12, 31)
+    return moment.astimezone(zone).date() + timedelta(days=shift_days)
+
+
 def _steady_offset(day: date, zone: ZoneInfo) -> timedelta | None:
     """The UTC offset of local day ``day`` when it does not change during the day, else None."""
     start = datetime(day.year, day.month, day.day)
@@ -245,7 +253,7 @@ def _steady_offset(day: date, zone: ZoneInfo) -> timedelta | None:
 def _wall_minute(day: date, offset: timedelta, moment: datetime) -> tuple[int, int]:
     """``moment`` as (whole minutes, remaining microseconds) since local midnight of ``day``."""
     start = datetime(day.year, day.month, day.day, tzinfo=UTC)
-    elapsed = moment.astimezone(UTC) + offset - start
+    elapsed = (moment.astimezone(UTC) - start) + offset  # timedeltas: no overflow near datetime.min
     return divmod(elapsed // timedelta(microseconds=1), 60_000_000)
 
 

@@ -142,7 +142,10 @@ def parse_at(text: str, *, tz: str, now: datetime) -> AtSchedule:
         ) from None
     if moment.tzinfo is None:
         # The job's zone, on cron's wall-clock rules: first pass of a repeated time, a skipped one at the jump.
-        moment = wall_time(moment, ZoneInfo(tz)).first
+        try:
+            moment = wall_time(moment, ZoneInfo(tz)).first
+        except OverflowError:
+            raise ScheduleError(f"at: {raw!r} is out of range") from None
     if moment <= now:
         raise ScheduleError(f"at: {raw!r} is in the past (now is {now.astimezone(ZoneInfo(tz)).isoformat()})")
     return AtSchedule(at=moment.astimezone(UTC), tz=tz)

@@ -81,6 +81,9 @@ def test_next_for_every_and_at(tmp_path: Path, capsys: pytest.CaptureFixture[str
         (["--cron", "@daily", "--tz", "Mars/Olympus"], "unknown IANA timezone"),
         (["--cron", "@daily", "--after", "soon"], "after: 'soon' is not an ISO-8601 time"),
         (["--cron", "@daily", "--count", "0"], "count: must be"),
+        (["--cron", "@daily", "--after", "0001-01-01T00:00:00+05:00"], "outside the years"),
+        (["--at", "9999-12-31T23:59", "--tz", "America/New_York"], "out of range"),
+        (["--cron", "\u0663 * * * *"], "not a number"),
     ],
 )
 def test_next_rejects_bad_input_with_exit_2(
