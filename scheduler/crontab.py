@@ -132,7 +132,8 @@ class Crontab:
         """The APScheduler trigger firing at this expression's instants in ``timezone``."""
         return CrontabTrigger(self, timezone)
 
-    def _day_in_month(self, day: int, weekday: int) -> bool:
+    def day_in_month(self, day: int, weekday: int) -> bool:
+        """Whether day ``day`` of a month, a ``weekday`` (0 = Sunday), matches the day fields."""
         in_days, in_weekdays = day in self.days, weekday in self.weekdays
         if self.days_restricted and self.weekdays_restricted:
             return in_days or in_weekdays
@@ -198,11 +199,7 @@ class Crontab:
             if not _FIRST_YEAR <= year <= _LAST_YEAR:
                 return  # keeps every date and instant computed here inside datetime's range
             if month in self.months:
-                first_weekday = date(year, month, 1).isoweekday() % 7
-                length = calendar.monthrange(year, month)[1]
-                days = [
-                    d for d in range(1, length + 1) if self._day_in_month(d, (first_weekday + d - 1) % 7)
-                ]
+                days = _matching_days(self, year, month)
                 for d in days if forward else reversed(days):
                     candidate = date(year, month, d)
                     if candidate >= start if forward else candidate <= start:
@@ -212,6 +209,14 @@ class Crontab:
                 year, month = year + 1, 1
             elif month < 1:
                 year, month = year - 1, 12
+
+
+@lru_cache(maxsize=1024)
+def _matching_days(crontab: Crontab, year: int, month: int) -> tuple[int, ...]:
+    """Days of the month that match the day-of-month / day-of-week fields (cached per month)."""
+    first_weekday = date(year, month, 1).isoweekday() % 7
+    length = calendar.monthrange(year, month)[1]
+    return tuple(d for d in range(1, length + 1) if crontab.day_in_month(d, (first_weekday + d - 1) % 7))
 
 
 @lru_cache(maxsize=512)
