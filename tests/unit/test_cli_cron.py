@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+import structlog
 
 from bot.cli import main
 from scheduler.cron_commands import CronAddOptions, cron_add
@@ -27,6 +30,17 @@ def write_config(tmp_path: Path, redis_url: str, prefix: str) -> str:
         encoding="utf-8",
     )
     return str(path)
+
+
+@pytest.fixture(autouse=True)
+def keep_logging() -> Iterator[None]:
+    # main() binds the process-wide log output to this test's captured stderr: put it back after.
+    saved, root = structlog.get_config(), logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    structlog.configure(**saved)
+    root.handlers[:] = handlers
+    root.setLevel(level)
 
 
 def add_job(config: str, capsys: pytest.CaptureFixture[str], job_id: str, *schedule: str) -> None:
