@@ -36,11 +36,14 @@ def write_config(tmp_path: Path, redis_url: str, prefix: str) -> str:
 def keep_logging() -> Iterator[None]:
     # main() binds the process-wide log output to this test's captured stderr: put it back after.
     saved, root = structlog.get_config(), logging.getLogger()
-    handlers, level = list(root.handlers), root.level
+    handlers = list(root.handlers)
+    loggers = [root, *(lg for lg in logging.root.manager.loggerDict.values() if isinstance(lg, logging.Logger))]
+    levels = {lg: lg.level for lg in loggers}
     yield
     structlog.configure(**saved)
     root.handlers[:] = handlers
-    root.setLevel(level)
+    for lg, level in levels.items():
+        lg.setLevel(level)
 
 
 def add_job(config: str, capsys: pytest.CaptureFixture[str], job_id: str, *schedule: str) -> None:
