@@ -68,9 +68,21 @@ async def _wait_idle(daemon: Daemon, timeout_s: float = 600.0) -> None:
 
 async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
     from scheduler import cron_commands as cc
+    from scheduler.jobs import SchedulerNotRunningError
     from scheduler.schedules import CronError
     from scheduler.store import JobStore
 
+    upcoming = None
+    if args.cron_command == "next":
+        upcoming = cc.NextQuery(job_id=args.id, cron=args.cron, every=args.every, at=args.at, tz=args.tz,
+                                after=args.after, count=args.count)
+        if args.id is None:  # an inline schedule needs no store
+            try:
+                print(cc.inline_next(upcoming, default_timezone=cfg.scheduler.timezone).render(args.json), end="")
+            except CronError as exc:
+                print(f"botd cron: {exc}", file=sys.stderr)
+                return 2
+            return 0
     async with store(cfg) as handle:
         jobs = JobStore(handle.client, handle.keys)
         try:
@@ -98,6 +110,15 @@ async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
                         print("no result yet (is a daemon running?)", file=sys.stderr)
                         return 1
                     print(record.model_dump_json())
+                    if (failure := cc.run_verdict(record)) is not None:
+                        print(f"botd cron: {failure}", file=sys.stderr)
+                        return 1
+            elif upcoming is not None:
+                fires = await cc.job_next(jobs, upcoming, default_timezone=cfg.scheduler.timezone)
+                print(fires.render(args.json), end="")
+        except SchedulerNotRunningError as exc:
+            print(f"botd cron: {exc}", file=sys.stderr)
+            return 1
         except CronError as exc:
             print(f"botd cron: {exc}", file=sys.stderr)
             return 2

@@ -319,6 +319,11 @@ class JobStore:
         await self.publish("run_now")
         return request
 
+    async def schedulers_listening(self) -> int:
+        """How many schedulers (daemon replicas) are subscribed to the change channel now."""
+        counts = await self._redis.pubsub_numsub(self.changes_channel)
+        return int(counts[0][1]) if counts else 0
+
     async def publish(self, op: str, job_id: str | None = None) -> None:
         message: dict[str, str] = {"op": op}
         if job_id is not None:
