@@ -38,7 +38,7 @@ from channels.telegram.polling import PollingIntake
 from channels.telegram.redact import TokenRedactor, scrub
 from channels.telegram.send import ChatRef, TelegramSender
 from channels.telegram.settings import MESSAGE_LIMIT, TelegramSettings
-from channels.telegram.stream import TYPING_INTERVAL_S, TelegramReplyStream
+from channels.telegram.stream import PREVIEW_TIMEOUT_S, TYPING_INTERVAL_S, TelegramReplyStream
 from channels.telegram.webhook import BadUpdate, WebhookIntake
 
 log = structlog.get_logger(__name__)
@@ -72,6 +72,7 @@ class TelegramChannel:
         send_backoff_s: float = 0.5,
         connect_backoff_s: float = 5.0,
         message_limit: int = MESSAGE_LIMIT,
+        preview_timeout_s: float = PREVIEW_TIMEOUT_S,
     ) -> None:
         self.settings = settings
         self.access = Access(settings)
@@ -85,6 +86,7 @@ class TelegramChannel:
         self.send_backoff_s = send_backoff_s
         self.connect_backoff_s = connect_backoff_s
         self.message_limit = message_limit
+        self.preview_timeout_s = preview_timeout_s
         self.me: BotIdentity | None = None
         self.poller: PollingIntake | None = None
         self._ctx: ChannelContext | None = None
@@ -330,6 +332,8 @@ class TelegramChannel:
             render_preview=lambda text: render_preview(text, self.message_limit),
             edit_interval_s=self.settings.stream_edit_interval_s,
             typing_interval_s=self.typing_interval_s,
+            preview_timeout_s=self.preview_timeout_s,
+            kv=self._ctx.kv if self._ctx is not None else None,
         )
 
     async def send_text(self, target: Target, text: str) -> str | None:
