@@ -39,7 +39,7 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.base import ChannelContext, SubmitResult, Target
+from channels.base import ChannelContext, KeyValue, SubmitResult, Target
 from channels.slack.access import AccessPolicy
 from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.approval import approval_decided, approval_prompt
@@ -109,6 +109,7 @@ class SlackChannel:
         self._connect_task: asyncio.Task[None] | None = None
         self._endpoint: SlackEventsEndpoint | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._kv: KeyValue | None = None
         # Events are handled concurrently; a burst must not exhaust the store's connections.
         self._intake_slots = asyncio.Semaphore(settings.max_concurrent_intake)
 
@@ -138,6 +139,7 @@ class SlackChannel:
 
     async def _start(self, ctx: ChannelContext) -> None:
         s = self.settings
+        self._kv = ctx.kv
         assert self._session is not None
         client = AsyncWebClient(
             token=s.bot_token,
@@ -365,7 +367,8 @@ class SlackChannel:
 
     def open_stream(self, target: Target, run_id: str) -> SlackReplyStream:
         return SlackReplyStream(
-            self.api, target, run_id, format_preview=preview_part, interval_s=self.settings.preview_interval_s
+            self.api, target, run_id, format_preview=preview_part, interval_s=self.settings.preview_interval_s,
+            kv=self._kv,
         )
 
     async def send_text(self, target: Target, text: str) -> str | None:
