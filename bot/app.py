@@ -24,6 +24,7 @@ from bot.gateway.commands import COMMANDS
 from bot.gateway.control import ControlCommands
 from bot.gateway.delivery import DeliveryLedger
 from bot.gateway.gateway import Gateway
+from bot.gateway.redelivery import Redelivery
 from bot.gateway.runner import RunDeps, RunExecutor
 from bot.logs import register_secret
 from bot.scheduled_runner import GatewayScheduledRunner
@@ -129,6 +130,7 @@ class App:
         self.tools = ToolRegistry([*declared, CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)])
         self.broadcast = Broadcast(client)
         self.ledger = DeliveryLedger(client, prefix)
+        self.redelivery = Redelivery(client, keys, self.channels, self.ledger)
         self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s)
         self.traces = TraceStore(client, prefix)
         self.compactor = SessionCompactor(self.sessions, client, prefix, self.model, self.tool_settings, cfg)
@@ -137,6 +139,7 @@ class App:
                 cfg=cfg, sessions=self.sessions, model=self.model, tools=self.tools,
                 tool_settings=self.tool_settings, channels=self.channels, ledger=self.ledger,
                 approvals=self.approvals, traces=self.traces, compactor=self.compactor,
+                redelivery=self.redelivery,
             )
         )
         self.control = ControlCommands(

@@ -30,6 +30,7 @@ from bot import metrics
 from bot.config import BotdConfig
 from bot.gateway.approvals import Approvals
 from bot.gateway.delivery import DeliveryLedger
+from bot.gateway.redelivery import Redelivery
 from bot.gateway.reply import DeliveryStatus, Reply, notify
 from bot.gateway.tracing_model import TracingModel
 from bot.store.sessions import SessionStore
@@ -73,6 +74,7 @@ class RunDeps:
     approvals: Approvals
     traces: TraceStore
     compactor: Compactor | None = None
+    redelivery: Redelivery | None = None
     tool_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -121,7 +123,9 @@ class RunExecutor:
     ) -> RunOutcome:
         deps, first, last = self.deps, batch[0], batch[-1]
         run_id, session_key, kind = first.run_id, first.session_key, first.kind
-        reply = Reply(channel, target, run_id, deps.ledger, kind=kind, previews=kind == "chat")
+        reply = Reply(
+            channel, target, run_id, deps.ledger, kind=kind, previews=kind == "chat", redelivery=deps.redelivery
+        )
 
         saved = await deps.ledger.load_result(run_id)
         if saved is not None:

@@ -73,3 +73,12 @@ class Keys:
     # Scheduler fire claims (DESIGN.md §5: ``<prefix>:fire:<job>:<fire_time>``).
     def fire(self, job_id: str, fire_time: str) -> str:
         return self.key("fire", job_id, fire_time)
+
+    # Reply parts waiting to be delivered again (bot.gateway.redelivery).
+    def redelivery_due(self) -> str:
+        """Sorted set of pending parts scored by their next attempt (unix seconds)."""
+        return self.key("redelivery", "due")
+
+    def redelivery_items(self) -> str:
+        """Hash of pending parts: member -> what to send and where."""
+        return self.key("redelivery", "items")
