@@ -93,7 +93,26 @@ async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    except Exception as exc:
+        return _startup_failure(exc, debug=cfg.log.level.lower() == "debug")
     return 2
+
+
+def _startup_failure(exc: Exception, *, debug: bool) -> int:
+    """One line and an exit code for what stopped botd; the traceback only at log.level debug."""
+    from channels.slack.adapter import SlackStartError
+    from channels.telegram.adapter import TelegramStartError
+
+    if isinstance(exc, TelegramStartError | SlackStartError):
+        print(f"botd: {exc}", file=sys.stderr)
+        return exc.exit_code
+    if debug:
+        raise exc
+    if isinstance(exc, OSError):  # the environment: a port in use, a path not writable
+        print(f"botd: {exc}", file=sys.stderr)
+    else:
+        print(f"botd: {type(exc).__name__}: {exc} (set log.level: debug for the traceback)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -79,16 +79,23 @@ def _submitted(result: SubmitResult) -> Outcome:
 
 
 class SlackStartError(RuntimeError):
-    """The channel could not start (bad token, Slack unreachable); the message says why."""
+    """The channel could not start (bad token, Slack unreachable); the message says why.
+
+    ``exit_code`` is 2 for configuration (a token Slack refuses) and 1 for the
+    environment (Slack unreachable or answering errors).
+    """
+
+    def __init__(self, message: str, *, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
     @classmethod
     def of(cls, exc: SlackCallError, key: str) -> SlackStartError:
-        hint = (
-            f"check slack.{key}"
-            if exc.error in _TOKEN_ERRORS
-            else "is the Slack API (slack.api_base_url) reachable?"
+        if exc.error in _TOKEN_ERRORS:
+            return cls(f"Slack {exc.method} failed: {exc.error} (check slack.{key})")
+        return cls(
+            f"Slack {exc.method} failed: {exc.error} (is the Slack API (slack.api_base_url) reachable?)", exit_code=1
         )
-        return cls(f"Slack {exc.method} failed: {exc.error} ({hint})")
 
 
 class SlackChannel:

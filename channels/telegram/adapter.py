@@ -50,7 +50,15 @@ APPROVAL_SUMMARY_LIMIT = 3000
 
 
 class TelegramStartError(RuntimeError):
-    """The channel cannot start (e.g. the token was rejected); the message is safe to show."""
+    """The channel cannot start; the message is one line naming the key to fix, safe to show.
+
+    ``exit_code`` is 2 when the configuration is wrong (the token was rejected) and 1
+    when the environment is (the Bot API answered something unreadable).
+    """
+
+    def __init__(self, message: str, *, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 class TelegramChannel:
@@ -123,6 +131,13 @@ class TelegramChannel:
         except InvalidToken:
             await self._close_bot()
             raise TelegramStartError("the Bot API rejected telegram.token; check the token") from None
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # e.g. getMe without a field
+            await self._close_bot()
+            raise TelegramStartError(
+                f"the Bot API answered getMe with an unreadable result ({type(exc).__name__}); "
+                "check that telegram.api_base_url points at a Telegram Bot API",
+                exit_code=1,
+            ) from None
         except (TelegramError, OSError) as exc:
             log.warning("telegram.connect_failed", error=scrub(str(exc)), retry_in_s=self.connect_backoff_s)
             self._bring_up_task = asyncio.create_task(self._bring_up_retrying(), name="tg-connect")
