@@ -28,17 +28,12 @@ from typing import Any
 import structlog
 
 from channels.base import KeyValue, Target
+from channels.preview_memory import PreviewMemory
 from channels.slack.api import SlackApi, SlackCallError
 
 log = structlog.get_logger(__name__)
 
 WORKING_REACTION = "eyes"
-PREVIEW_KEY_TTL_S = 24 * 3600.0
-
-
-def preview_key(run_id: str) -> str:
-    """Store key (relative to the daemon's namespace) of a run's placeholder message."""
-    return f"slack:preview:{run_id}"
 
 Clock = Callable[[], float]
 PreviewFormatter = Callable[[str], str | None]
@@ -73,8 +68,7 @@ class SlackReplyStream:
         self._delivered: dict[int, str] = {}
         self._previews_over = False
         self.previews_failed = False  # a preview call failed: the answer is posted anew
-        self._kv = kv
-        self._adopted = kv is None
+        self._memory = PreviewMemory(kv, "slack", run_id, target.chat_id)
         self._reacted = False
         self._closed = False
 
@@ -154,7 +148,7 @@ class SlackReplyStream:
             if self._preview_ts is None:
                 data = await self._post(rendered, once=True)
                 self._preview_ts = str(data["ts"])
-                await self._remember(self._preview_ts)
+                await self._memory.remember(self._preview_ts)
             else:
                 await self._update(self._preview_ts, rendered, once=True)
             self._shown = rendered
@@ -165,37 +159,12 @@ class SlackReplyStream:
             error = exc.error if isinstance(exc, SlackCallError) else type(exc).__name__
             log.info("slack.preview_given_up", run_id=self._run_id, error=error)
 
-    # -- the placeholder's ts in the store ---------------------------------------------
     async def _adopt(self) -> None:
         """Take over the placeholder a previous attempt of this run left (caller holds the lock)."""
-        if self._adopted or self._kv is None:
-            return
-        self._adopted = True
-        try:
-            raw = await self._kv.get(preview_key(self._run_id))
-        except Exception as exc:
-            log.warning("slack.preview_lookup_failed", run_id=self._run_id, error=repr(exc))
-            return
-        channel, _, ts = (raw or "").rpartition(":")
-        if self._preview_ts is None and channel == self._target.chat_id and ts:
-            self._preview_ts = ts
+        previous = await self._memory.recall()
+        if previous is not None and self._preview_ts is None:
+            self._preview_ts = previous
             log.info("slack.preview_adopted", run_id=self._run_id)
-
-    async def _remember(self, ts: str) -> None:
-        if self._kv is None:
-            return
-        try:
-            await self._kv.set(preview_key(self._run_id), f"{self._target.chat_id}:{ts}", PREVIEW_KEY_TTL_S)
-        except Exception as exc:
-            log.warning("slack.preview_store_failed", run_id=self._run_id, error=repr(exc))
-
-    async def _forget(self) -> None:
-        if self._kv is None:
-            return
-        try:
-            await self._kv.delete(preview_key(self._run_id))
-        except Exception as exc:
-            log.warning("slack.preview_store_failed", run_id=self._run_id, error=repr(exc))
 
     async def _end_previews(self) -> None:
         """No preview after this; wait for one being sent (never cancel a post mid-flight)."""
@@ -219,7 +188,7 @@ class SlackReplyStream:
                 await self._finalize_preview(preview_ts, part)
             ):
                 self._preview_ts = None  # from now on it is the answer, not a placeholder
-                await self._forget()
+                await self._memory.forget()
                 ts = preview_ts
             else:
                 try:
@@ -254,7 +223,7 @@ class SlackReplyStream:
     async def _delete_placeholder(self) -> None:
         preview_ts, self._preview_ts = self._preview_ts, None
         if preview_ts is not None and await self._delete(preview_ts):
-            await self._forget()
+            await self._memory.forget()
 
     async def discard(self) -> None:
         await self._end_previews()

@@ -29,6 +29,7 @@ import structlog
 from telegram.error import TelegramError
 
 from channels.base import KeyValue
+from channels.preview_memory import PreviewMemory
 from channels.telegram.redact import scrub
 from channels.telegram.send import ChatRef, MalformedAnswer, TelegramSender, raise_if_cancelled
 
@@ -36,12 +37,6 @@ log = structlog.get_logger(__name__)
 
 TYPING_INTERVAL_S = 4.0
 PREVIEW_TIMEOUT_S = 5.0
-PREVIEW_KEY_TTL_S = 24 * 3600.0
-
-
-def preview_key(run_id: str) -> str:
-    """Store key (relative to the daemon's namespace) of a run's preview message."""
-    return f"telegram:preview:{run_id}"
 
 
 class TelegramReplyStream:
@@ -66,10 +61,9 @@ class TelegramReplyStream:
         self.edit_interval_s = edit_interval_s
         self.typing_interval_s = typing_interval_s
         self.preview_timeout_s = preview_timeout_s
-        self.kv = kv
+        self.memory = PreviewMemory(kv, "telegram", run_id, str(chat.chat_id))
         self.preview_message_id: int | None = None
         self.previews_failed = False  # a preview call failed: no more previews in this run
-        self._adopted = kv is None
         self._latest: str | None = None
         self._pushed: str | None = None
         self._pushed_source: str | None = None
@@ -101,40 +95,13 @@ class TelegramReplyStream:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
-    # -- the preview message id in the store ----------------------------------------------
-
     async def _adopt(self) -> None:
         """Take over the preview a previous attempt of this run left (caller holds the lock)."""
-        if self._adopted:
-            return
-        self._adopted = True
-        assert self.kv is not None
-        try:
-            raw = await self.kv.get(preview_key(self.run_id))
-        except Exception as exc:
-            log.warning("telegram.preview_lookup_failed", run_id=self.run_id, error=scrub(str(exc)))
-            return
-        chat, _, message = (raw or "").rpartition(":")
-        if self.preview_message_id is None and chat == str(self.chat.chat_id) and message.isdigit():
-            self.preview_message_id = int(message)
+        previous = await self.memory.recall()
+        if previous is not None and previous.isdigit() and self.preview_message_id is None:
+            self.preview_message_id = int(previous)
             self._pushed = self._pushed_source = None
             log.info("telegram.preview_adopted", run_id=self.run_id)
-
-    async def _remember(self, message_id: int) -> None:
-        if self.kv is None:
-            return
-        try:
-            await self.kv.set(preview_key(self.run_id), f"{self.chat.chat_id}:{message_id}", PREVIEW_KEY_TTL_S)
-        except Exception as exc:
-            log.warning("telegram.preview_store_failed", run_id=self.run_id, error=scrub(str(exc)))
-
-    async def _forget(self) -> None:
-        if self.kv is None:
-            return
-        try:
-            await self.kv.delete(preview_key(self.run_id))
-        except Exception as exc:
-            log.warning("telegram.preview_store_failed", run_id=self.run_id, error=scrub(str(exc)))
 
     # -- preview --------------------------------------------------------------------
 
@@ -177,7 +144,7 @@ class TelegramReplyStream:
             if self.preview_message_id is None:
                 msg = await self.sender.send(self.chat, rendered, run_id=self.run_id, once=True)
                 self.preview_message_id = msg.message_id
-                await self._remember(msg.message_id)
+                await self.memory.remember(str(msg.message_id))
             else:
                 async with asyncio.timeout(self.preview_timeout_s):
                     await self.sender.edit(self.chat, self.preview_message_id, rendered, run_id=self.run_id, once=True)
@@ -217,7 +184,7 @@ class TelegramReplyStream:
             preview_id = self.preview_message_id
             if preview_id is not None and not self.previews_failed and await self._finalize_preview(preview_id, part):
                 self.preview_message_id = None
-                await self._forget()
+                await self.memory.forget()
                 return str(preview_id)
         try:
             return await self._send_part(index, part)
@@ -254,7 +221,7 @@ class TelegramReplyStream:
             log.info("telegram.preview_delete_failed", run_id=self.run_id, error=scrub(str(exc)))
             deleted = False
         if deleted:
-            await self._forget()
+            await self.memory.forget()
 
     async def discard(self) -> None:
         async with self._lock:

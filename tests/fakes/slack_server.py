@@ -20,7 +20,6 @@ import hashlib
 import hmac
 import itertools
 import json
-import random
 import time
 import uuid
 from collections.abc import Callable
@@ -29,6 +28,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from aiohttp import WSMsgType, web
+
+from tests.fakes.chaos import Chaos
 
 
 @dataclass
@@ -54,13 +55,6 @@ class Fault:
 CHAOS_KINDS = ("500", "503", "timeout", "drop", "drop_after", "malformed", "msg_too_long",
                "message_not_found", "ratelimited")
 
-
-@dataclass
-class _Chaos:
-    rate: float
-    kinds: tuple[str, ...]
-    rng: random.Random
-    hang_s: float
 
 
 class FakeSlack:
@@ -91,7 +85,7 @@ class FakeSlack:
         self.socket_connections = 0
         self.refuse_sockets = False  # answer websocket upgrades with 503 while true
         self._faults: dict[str, list[Fault]] = {}
-        self._chaos: dict[str, _Chaos] = {}
+        self._chaos = Chaos(CHAOS_KINDS)
         self.dropped = 0  # connections closed without an answer
         self._ts = itertools.count(1)
         self._sockets: list[web.WebSocketResponse] = []
@@ -151,29 +145,25 @@ class FakeSlack:
         self, method: str, rate: float, *, kinds: tuple[str, ...] = CHAOS_KINDS, seed: int = 0, hang_s: float = 3.0
     ) -> None:
         """From now on a ``rate`` share of ``method`` calls fail, each in a way drawn from ``kinds``."""
-        unknown = set(kinds) - set(CHAOS_KINDS)
-        if unknown:
-            raise ValueError(f"unknown chaos kinds: {sorted(unknown)}")
-        self._chaos[method] = _Chaos(rate, kinds, random.Random(seed), hang_s)
+        self._chaos.set(method, rate, kinds, seed, hang_s)
 
     def calm(self, method: str | None = None) -> None:
         """Stop every scripted and random fault (of one method, or all)."""
+        self._chaos.clear(method)
         if method is None:
             self._faults.clear()
-            self._chaos.clear()
         else:
             self._faults.pop(method, None)
-            self._chaos.pop(method, None)
 
     def _chaos_fault(self, method: str) -> Fault | None:
-        chaos = self._chaos.get(method)
-        if chaos is None or chaos.rng.random() >= chaos.rate:
+        drawn = self._chaos.draw(method)
+        if drawn is None:
             return None
-        kind = chaos.rng.choice(chaos.kinds)
+        kind, hang_s = drawn
         if kind in ("500", "503"):
             return Fault("internal_error" if kind == "500" else "service_unavailable", int(kind))
         if kind == "timeout":
-            return Fault("", 0, kind="hang", hang_s=chaos.hang_s)
+            return Fault("", 0, kind="hang", hang_s=hang_s)
         if kind in ("drop", "drop_after"):
             return Fault("", 0, kind=kind)
         if kind == "malformed":

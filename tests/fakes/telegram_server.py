@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import random
 import re
 import time
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tests.fakes.chaos import Chaos
 from tests.fakes.telegram_html import TelegramHTMLError, parse_telegram_html
 from tests.fakes.telegram_updates import SentMessage, UpdateBuilder, auto_entities, utf16_len
 
@@ -97,13 +97,6 @@ CANT_EDIT = "Bad Request: message can't be edited"
 EDIT_NOT_FOUND = "Bad Request: message to edit not found"
 
 
-@dataclass
-class _Chaos:
-    rate: float
-    kinds: tuple[str, ...]
-    rng: random.Random
-    hang_s: float
-
 
 @dataclass
 class _Poll:
@@ -138,7 +131,7 @@ class FakeTelegram(UpdateBuilder):
         self.reactions: list[dict[str, Any]] = []
         self.reject_html: list[str] = []  # HTML containing one of these fails to parse
         self._faults: dict[str, list[Fault]] = {}
-        self._chaos: dict[str, _Chaos] = {}
+        self._chaos = Chaos(CHAOS_KINDS)
         self.ignore_poll_timeout = False  # getUpdates answers at once, as some proxies do
         self.dropped = 0  # connections closed without an answer
         self._updates: list[dict[str, Any]] = []
@@ -240,29 +233,25 @@ class FakeTelegram(UpdateBuilder):
     ) -> None:
         """From now on a ``rate`` share of ``method`` calls fail, each in a way drawn from ``kinds``
         (see ``CHAOS_KINDS``; "timeout" hangs ``hang_s`` and then answers normally)."""
-        unknown = set(kinds) - set(CHAOS_KINDS)
-        if unknown:
-            raise ValueError(f"unknown chaos kinds: {sorted(unknown)}")
-        self._chaos[method] = _Chaos(rate, kinds, random.Random(seed), hang_s)
+        self._chaos.set(method, rate, kinds, seed, hang_s)
 
     def calm(self, method: str | None = None) -> None:
         """Stop every scripted and random fault (of one method, or all)."""
+        self._chaos.clear(method)
         if method is None:
             self._faults.clear()
-            self._chaos.clear()
         else:
             self._faults.pop(method, None)
-            self._chaos.pop(method, None)
 
     def _chaos_fault(self, method: str) -> Fault | None:
-        chaos = self._chaos.get(method)
-        if chaos is None or chaos.rng.random() >= chaos.rate:
+        drawn = self._chaos.draw(method)
+        if drawn is None:
             return None
-        kind = chaos.rng.choice(chaos.kinds)
+        kind, hang_s = drawn
         if kind in ("500", "502"):
             return Fault(int(kind), "Internal Server Error" if kind == "500" else "Bad Gateway")
         if kind == "timeout":
-            return Fault(0, "", hang_s=chaos.hang_s)
+            return Fault(0, "", hang_s=hang_s)
         if kind in ("drop", "drop_after"):
             return Fault(0, "", kind=kind)
         if kind == "malformed":
