@@ -143,3 +143,11 @@ async def test_a_retried_run_that_ends_silent_deletes_the_dead_attempts_placehol
     await retried.discard()
     await retried.close()
     assert conversation(fake) == []
+
+
+async def test_failing_reactions_never_cost_the_reply(fake: FakeSlack, api: SlackApi, kv: RedisKV) -> None:
+    fake.chaos("reactions.add", 1.0, hang_s=1.0)
+    fake.chaos("reactions.remove", 1.0, hang_s=1.0)
+    await stream_a_reply(api, kv, "run-no-reactions")
+    assert conversation(fake) == ["Final answer", "second part"]
+    assert fake.calls_to("reactions.add")

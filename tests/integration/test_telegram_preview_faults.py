@@ -143,3 +143,10 @@ async def test_a_retried_run_that_ends_silent_deletes_the_dead_attempts_preview(
     await retried.discard()
     await retried.close()
     assert chat_texts(h) == []
+
+
+async def test_failing_optional_calls_never_cost_the_reply(h: TelegramHarness, ch: TelegramChannel) -> None:
+    h.fake.chaos("sendChatAction", 1.0, hang_s=1.0)
+    await stream_a_reply(h, ch, "run-no-typing")
+    assert chat_texts(h) == ["Final answer", "second part"]
+    assert h.fake.calls_to("sendChatAction")
