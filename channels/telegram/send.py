@@ -130,7 +130,8 @@ class TelegramSender:
             except RetryAfter as exc:
                 wait = retry_after_seconds(exc)
                 floods += 1
-                if once:
+                if once:  # not waited for here, but the chat's next calls wait
+                    log.info("telegram.rate_limited", what=what, chat_id=str(chat_id), run_id=run_id, retry_after=wait)
                     self._pause_chat(chat_id, min(wait, self.max_retry_after_s))
                     raise
                 if floods > self.max_flood_waits or wait > self.max_retry_after_s:
