@@ -22,6 +22,7 @@ from bot.config import BotdConfig, ConfigError
 from bot.gateway.approvals import Approvals
 from bot.gateway.control import COMMANDS, ControlCommands
 from bot.gateway.gateway import Gateway
+from bot.gateway.redelivery import Redelivery
 from bot.gateway.reply import DeliveryLedger
 from bot.gateway.run import RunDeps, RunExecutor
 from bot.gateway.signals import Broadcast
@@ -156,6 +157,7 @@ class App:
         self.tools = ToolRegistry([*declared, CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)])
         self.broadcast = Broadcast(client)
         self.ledger = DeliveryLedger(client, prefix)
+        self.redelivery = Redelivery(client, keys, self.channels, self.ledger)
         self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s)
         self.traces = TraceStore(client, prefix)
         self.pairing = PairingStore(client, keys)
@@ -167,6 +169,7 @@ class App:
                 cfg=cfg, sessions=self.sessions, model=self.model, tools=self.tools,
                 tool_settings=self.tool_settings, channels=self.channels, ledger=self.ledger,
                 approvals=self.approvals, traces=self.traces, compactor=self.compactor,
+                redelivery=self.redelivery,
             )
         )
         self.control = ControlCommands(

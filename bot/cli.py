@@ -180,14 +180,27 @@ async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
         return 1
     except ChannelStartError as exc:
         print(f"botd: {exc}", file=sys.stderr)
-        return 2
+        return exc.exit_code
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
     except StoreConfigError as exc:
         print(f"config error: redis: {exc}", file=sys.stderr)
         return 2
+    except Exception as exc:
+        return _startup_failure(exc, debug=cfg.log.level.lower() == "debug")
     return 2
+
+
+def _startup_failure(exc: Exception, *, debug: bool) -> int:
+    """One line and exit code 1 for what stopped botd; the traceback only at log.level debug."""
+    if debug:
+        raise exc
+    if isinstance(exc, OSError):  # the environment: a port in use, a path not writable
+        print(f"botd: {exc}", file=sys.stderr)
+    else:
+        print(f"botd: {type(exc).__name__}: {exc} (set log.level: debug for the traceback)", file=sys.stderr)
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

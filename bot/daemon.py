@@ -74,6 +74,7 @@ class Daemon:
             self._started_channels.append(channel)
         if self._with_http:
             await self.http.start()
+        app.redelivery.start()
         if self._with_scheduler:
             await app.scheduler.start()
         self._lag.start()
@@ -121,6 +122,7 @@ class Daemon:
                 with contextlib.suppress(Exception):
                     await app.scheduler.stop(grace_s=1.0)
             await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s if grace_s is None else grace_s)
+            await app.redelivery.stop()
         # Intake stopped first; replies of finishing runs needed the clients until now.
         for channel in self._started_channels:
             with contextlib.suppress(Exception):

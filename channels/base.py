@@ -116,8 +116,13 @@ class ChannelStartError(RuntimeError):
     """A channel cannot start: the platform rejected a token, or it cannot be reached.
 
     The message names the config key to check and is safe to show (no secrets); the CLI
-    prints it as one line and exits with code 2.
+    prints it as one line and exits with ``exit_code``: 2 when the configuration is wrong
+    (a token the platform refuses), 1 when the environment is (unreachable, unreadable).
     """
+
+    def __init__(self, message: str, *, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @runtime_checkable

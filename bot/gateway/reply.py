@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 import structlog
@@ -26,6 +27,9 @@ from agent.types import DeliveryStatus, RunKind, RunResult
 from bot import metrics
 from bot.store.keys import Keys
 from channels.base import ChannelAdapter, ReplyStream, Target, ToolActivity
+
+if TYPE_CHECKING:
+    from bot.gateway.redelivery import Redelivery
 
 log = structlog.get_logger(__name__)
 
@@ -140,6 +144,7 @@ class Reply:
         *,
         kind: RunKind,
         previews: bool,
+        redelivery: Redelivery | None = None,
     ) -> None:
         self._channel = channel
         self._target = target
@@ -147,6 +152,7 @@ class Reply:
         self._ledger = ledger
         self._kind = kind
         self._previews = previews
+        self._redelivery = redelivery
         self._stream: ReplyStream = channel.open_stream(target, run_id)
         self._raw = ""
         self._last_preview = ""
@@ -219,6 +225,8 @@ class Reply:
                 await self._ledger.mark(self._run_id, key, f"failed:{type(exc).__name__}")
                 metrics.DELIVERIES.labels(self._target.channel, "failed").inc()
                 status = "failed"
+                if self._redelivery is not None:  # kept in the ledger, retried later with backoff
+                    await self._redelivery.defer(self._run_id, index, part, self._target)
                 continue
             await self._ledger.mark(self._run_id, key, f"sent:{message_id or ''}")
             metrics.DELIVERIES.labels(self._target.channel, "sent").inc()

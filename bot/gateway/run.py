@@ -50,6 +50,7 @@ from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
     from bot.gateway.approvals import Approvals
+    from bot.gateway.redelivery import Redelivery
 
 log = structlog.get_logger(__name__)
 
@@ -97,6 +98,7 @@ class RunDeps:
     approvals: Approvals
     traces: TraceStore
     compactor: Compactor | None = None
+    redelivery: Redelivery | None = None
     tool_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -167,7 +169,10 @@ class RunExecutor:
             return RunOutcome(run_id, "failed", "failed", f"channel {last.channel!r} is not enabled")
         target = Target.of(last)
         trace = Trace(run_id=run_id, session_key=session_key, kind=first.kind, channel=last.channel)
-        reply = Reply(channel, target, run_id, self.deps.ledger, kind=first.kind, previews=first.kind == "chat")
+        reply = Reply(
+            channel, target, run_id, self.deps.ledger,
+            kind=first.kind, previews=first.kind == "chat", redelivery=self.deps.redelivery,
+        )
         turn = _Turn(batch, channel, target, trace, reply, bound)
         started = time.monotonic()
         metrics.ACTIVE_RUNS.inc()

@@ -178,3 +178,12 @@ class Keys:
 
     def pairing_notified(self, code: str) -> str:
         return self.key("pairing", "notified", code)
+
+    # Reply parts waiting to be delivered again (bot.gateway.redelivery).
+    def redelivery_due(self) -> str:
+        """Sorted set of pending parts scored by their next attempt (unix seconds)."""
+        return self.key("redelivery", "due")
+
+    def redelivery_items(self) -> str:
+        """Hash of pending parts: member -> what to send and where."""
+        return self.key("redelivery", "items")

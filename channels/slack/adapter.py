@@ -39,7 +39,7 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.base import ChannelContext, ChannelStartError, PairingGate, SubmitResult, Target
+from channels.base import ChannelContext, ChannelStartError, KeyValue, PairingGate, SubmitResult, Target
 from channels.slack.access import AccessPolicy
 from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.approval import approval_decided, approval_prompt
@@ -83,12 +83,11 @@ class SlackStartError(ChannelStartError):
 
     @classmethod
     def of(cls, exc: SlackCallError, key: str) -> SlackStartError:
-        hint = (
-            f"check slack.{key}"
-            if exc.error in _TOKEN_ERRORS
-            else "is the Slack API (slack.api_base_url) reachable?"
+        if exc.error in _TOKEN_ERRORS:
+            return cls(f"Slack {exc.method} failed: {exc.error} (check slack.{key})")
+        return cls(
+            f"Slack {exc.method} failed: {exc.error} (is the Slack API (slack.api_base_url) reachable?)", exit_code=1
         )
-        return cls(f"Slack {exc.method} failed: {exc.error} ({hint})")
 
 
 class SlackChannel:
@@ -110,6 +109,7 @@ class SlackChannel:
         self._connect_task: asyncio.Task[None] | None = None
         self._endpoint: SlackEventsEndpoint | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._kv: KeyValue | None = None
         # Events are handled concurrently; a burst must not exhaust the store's connections.
         self._intake_slots = asyncio.Semaphore(settings.max_concurrent_intake)
 
@@ -139,6 +139,7 @@ class SlackChannel:
 
     async def _start(self, ctx: ChannelContext) -> None:
         s = self.settings
+        self._kv = ctx.kv
         assert self._session is not None
         client = AsyncWebClient(
             token=s.bot_token,
@@ -382,7 +383,8 @@ class SlackChannel:
 
     def open_stream(self, target: Target, run_id: str) -> SlackReplyStream:
         return SlackReplyStream(
-            self.api, target, run_id, format_preview=preview_part, interval_s=self.settings.preview_interval_s
+            self.api, target, run_id, format_preview=preview_part, interval_s=self.settings.preview_interval_s,
+            kv=self._kv,
         )
 
     async def send_text(self, target: Target, text: str) -> str | None:

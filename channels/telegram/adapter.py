@@ -52,7 +52,7 @@ APPROVAL_SUMMARY_LIMIT = 3000
 
 
 class TelegramStartError(ChannelStartError):
-    """The channel cannot start (e.g. the token was rejected); the message is safe to show."""
+    """The channel cannot start; the message is one line naming the key to fix, safe to show."""
 
 
 class TelegramChannel:
@@ -76,6 +76,7 @@ class TelegramChannel:
         self.send_backoff_s = settings.send_backoff_s
         self.connect_backoff_s = settings.connect_backoff_s
         self.message_limit = settings.message_limit
+        self.preview_timeout_s = settings.preview_timeout_s
         self.me: BotIdentity | None = None
         self.poller: PollingIntake | None = None
         self._ctx: ChannelContext | None = None
@@ -112,6 +113,13 @@ class TelegramChannel:
         except InvalidToken:
             await self._close_bot()
             raise TelegramStartError("the Bot API rejected telegram.token; check the token") from None
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # e.g. getMe without a field
+            await self._close_bot()
+            raise TelegramStartError(
+                f"the Bot API answered getMe with an unreadable result ({type(exc).__name__}); "
+                "check that telegram.api_base_url points at a Telegram Bot API",
+                exit_code=1,
+            ) from None
         except (TelegramError, OSError) as exc:
             log.warning("telegram.connect_failed", error=scrub(str(exc)), retry_in_s=self.connect_backoff_s)
             self._bring_up_task = asyncio.create_task(self._bring_up_retrying(), name="tg-connect")
@@ -341,6 +349,8 @@ class TelegramChannel:
             render_preview=lambda text: render_preview(text, self.message_limit),
             edit_interval_s=self.settings.stream_edit_interval_s,
             typing_interval_s=self.typing_interval_s,
+            preview_timeout_s=self.preview_timeout_s,
+            kv=self._ctx.kv if self._ctx is not None else None,
         )
 
     async def send_text(self, target: Target, text: str) -> str | None:

@@ -43,6 +43,7 @@ class TelegramSettings:
     send_backoff_s: float = 0.5
     connect_backoff_s: float = 5.0
     message_limit: int = MESSAGE_LIMIT
+    preview_timeout_s: float = 5.0  # one preview call; a slower one ends previewing for the run
 
     def __post_init__(self) -> None:
         if not self.token or ":" not in self.token:
