@@ -15,6 +15,7 @@ from agent.llm import LLMClient
 from agent.llm_types import ChatModel
 from agent.tools.builtin import load_tools
 from agent.tools.cli_tools import ToolConfigError
+from agent.tools.mcp import McpManager
 from agent.tools.registry import ToolRegistry, ToolSettings
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
@@ -26,6 +27,7 @@ from bot.gateway.delivery import DeliveryLedger
 from bot.gateway.gateway import Gateway
 from bot.gateway.runner import RunDeps, RunExecutor
 from bot.logs import register_secret
+from bot.mcp_servers import server_specs
 from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key
 from bot.store.connection import RedisHandle
@@ -127,6 +129,10 @@ class App:
         except ToolConfigError as exc:
             raise ConfigError(f"config error: security.cli_tools_file: {exc}") from None
         self.tools = ToolRegistry([*declared, CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)])
+        # MCP servers add their tools to the same registry as they connect (started by the daemon).
+        self.mcp = McpManager(
+            server_specs(cfg), self.tools, cwd=cfg.workspace, env_allowlist=self.tool_settings.env_allowlist
+        )
         self.broadcast = Broadcast(client)
         self.ledger = DeliveryLedger(client, prefix)
         self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s)

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 
 from bot.app import build_model
 from bot.config import BotdConfig
+from bot.mcp_servers import doctor_checks
 from bot.store.connection import open_redis
 
 Check = tuple[str, bool, str]
@@ -49,6 +50,8 @@ async def run_checks(cfg: BotdConfig) -> list[Check]:
         results.append(await _guarded("telegram", lambda: _telegram(cfg)))
     if cfg.slack.enabled:
         results.append(await _guarded("slack", lambda: _slack(cfg)))
+    if cfg.mcp.servers:
+        results.extend(await doctor_checks(cfg))
     return results
 
 
