@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -40,8 +41,8 @@ State = Literal["starting", "ready", "restarting", "stopped"]
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 # A connection that stayed up this long starts the backoff over at its first step.
 STABLE_S = 60.0
-PING_INTERVAL_S = 30.0
-PING_TIMEOUT_S = 10.0
+HEALTH_INTERVAL_S = 30.0
+HEALTH_TIMEOUT_S = 10.0
 MAX_LIST_PAGES = 100
 CLIENT_INFO = mcp_types.Implementation(name="botd", version="0.1.0")
 
@@ -114,7 +115,7 @@ class McpConnection:
         wrapper: CommandWrapper = run_directly,
         environ: Mapping[str, str] | None = None,
         backoff_s: tuple[float, ...] = BACKOFF_S,
-        ping_interval_s: float = PING_INTERVAL_S,
+        health_interval_s: float = HEALTH_INTERVAL_S,
     ) -> None:
         self.spec = spec
         self._cwd = cwd
@@ -122,7 +123,7 @@ class McpConnection:
         self._on_tools = on_tools
         self._wrapper = wrapper
         self._backoff_s = backoff_s or BACKOFF_S
-        self._ping_interval_s = ping_interval_s
+        self._health_interval_s = health_interval_s
         self.state: State = "starting"
         self.last_error: str | None = None
         self.restarts = 0
@@ -133,6 +134,7 @@ class McpConnection:
         self._ended = anyio.Event()
         self._refresh_wanted = anyio.Event()
         self._check_now = anyio.Event()
+        self._fingerprint = ""
         self.log = log.bind(mcp_server=spec.name)
 
     # -- status ---------------------------------------------------------------------
@@ -193,7 +195,7 @@ class McpConnection:
                     self.log.info("mcp.server_ready", tools=self.tool_count, protocol=client.protocol_version)
                     tasks.start_soon(self._refresher, client)
                     tasks.start_soon(self._listener, client)
-                    tasks.start_soon(self._pinger, client)
+                    tasks.start_soon(self._watch, client)
                     await self._ended.wait()
                     self._client = None
                     tasks.cancel_scope.cancel()
@@ -254,6 +256,7 @@ class McpConnection:
         return tools
 
     def _publish(self, tools: list[mcp_types.Tool]) -> None:
+        self._fingerprint = _fingerprint(tools)
         self._on_tools(self, tools)
 
     async def _on_message(self, message: Any) -> None:
@@ -287,18 +290,23 @@ class McpConnection:
         except Exception as exc:  # older protocol, or the stream dropped: refreshes still follow reconnects
             self.log.debug("mcp.listen_unavailable", error=self.describe(exc))
 
-    async def _pinger(self, client: Client) -> None:
+    async def _watch(self, client: Client) -> None:
+        """Every ``health_interval_s`` (or at once after a failed call) list the tools: a server that
+        does not answer is restarted, and a list that changed without a notification is taken.
+        (``ping`` is gone from the 2026-era protocol; listing works on every version.)"""
         while True:
-            with anyio.move_on_after(self._ping_interval_s):
+            with anyio.move_on_after(self._health_interval_s):
                 await self._check_now.wait()
             self._check_now = anyio.Event()
             try:
-                with anyio.fail_after(PING_TIMEOUT_S):
-                    await client.send_ping()
+                with anyio.fail_after(HEALTH_TIMEOUT_S):
+                    tools = await self._list_tools(client)
             except Exception as exc:
-                self.log.warning("mcp.ping_failed", error=self.describe(exc))
+                self.log.warning("mcp.health_check_failed", error=self.describe(exc))
                 self._ended.set()
                 return
+            if _fingerprint(tools) != self._fingerprint:
+                self._publish(tools)
 
     # -- calls ----------------------------------------------------------------------
     async def call(self, tool: str, arguments: dict[str, Any]) -> mcp_types.CallToolResult:
@@ -320,7 +328,7 @@ class McpConnection:
         except (TimeoutError, asyncio.CancelledError):
             raise
         except Exception as exc:
-            # Maybe the connection is gone: check now rather than at the next ping.
+            # Maybe the connection is gone: check now rather than at the next health check.
             self._check_now.set()
             raise McpUnavailable(f"Error: MCP server {self.spec.name!r} failed the call: {self.describe(exc)}") from None
 
@@ -348,6 +356,10 @@ class McpConnection:
             text = str(leaf).strip().splitlines()[0] if str(leaf).strip() else ""
             text = f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
         return text[:300] + self._stderr_hint()
+
+
+def _fingerprint(tools: list[mcp_types.Tool]) -> str:
+    return json.dumps([tool.model_dump(mode="json", exclude_none=True) for tool in tools], sort_keys=True)
 
 
 def _leaf(exc: BaseException) -> BaseException:

@@ -6,8 +6,8 @@
     python tests/fakes/mcp_server.py fail           # writes a reason to stderr and exits 3
 
 ``$FAKE_MCP_MARKERS`` (a directory) is where tools leave evidence for the tests:
-``touch`` creates a file there, ``slow`` writes ``cancelled-<tag>`` when its call is
-cancelled, and every start appends a line to ``starts``.
+``touch`` creates a file there, ``slow`` writes ``started-<tag>`` and, when its call is
+cancelled, ``cancelled-<tag>``; and every start appends a line to ``starts``.
 """
 
 from __future__ import annotations
@@ -49,11 +49,13 @@ def add(a: int, b: int) -> int:
 
 @server.tool()
 async def slow(seconds: float, tag: str = "slow") -> str:
-    """Sleep, then answer; leaves a marker when cancelled."""
+    """Sleep, then answer; leaves markers when it starts and when it is cancelled."""
+    markers = _markers()
+    if markers is not None:
+        (markers / f"started-{tag}").write_text("started")
     try:
         await asyncio.sleep(seconds)
     except asyncio.CancelledError:
-        markers = _markers()
         if markers is not None:
             (markers / f"cancelled-{tag}").write_text("cancelled")
         raise
