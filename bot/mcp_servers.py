@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 from agent.tools.environment import expand_env_refs
 from agent.tools.mcp import probe_servers
-from agent.tools.mcp_connection import McpServerSpec
+from agent.tools.mcp_spec import McpServerSpec
 from agent.types import Category
 from bot.config import BotdConfig, ConfigError, McpServerConfig
 from bot.logs import register_secret

@@ -7,7 +7,9 @@ server that goes down keeps its tools registered, and they answer an error
 result until it is back. A tool whose schema the registry refuses, or whose
 name collides, is skipped and named in the server's status.
 
-Every replica runs its own connections; nothing here touches the store.
+Every replica runs its own connections; nothing here touches the store. The MCP SDK
+is imported only when there is a server to talk to: the CLI and daemons without
+servers skip its second or so of import time.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ import asyncio
 import contextlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import mcp.types as mcp_types
 import structlog
 
-from agent.tools.mcp_connection import BACKOFF_S, McpConnection, McpServerSpec, McpServerStatus
-from agent.tools.mcp_stdio import CommandWrapper, run_directly
-from agent.tools.mcp_tool import McpTool
+from agent.tools.mcp_spec import CommandWrapper, McpServerSpec, McpServerStatus, run_directly
 from agent.tools.registry import ToolRegistry
+
+if TYPE_CHECKING:
+    import mcp.types as mcp_types
+
+    from agent.tools.mcp_connection import McpConnection
 
 log = structlog.get_logger(__name__)
 
@@ -46,7 +51,10 @@ class McpManager:
     ) -> None:
         self.registry = registry
         self._cwd = cwd
-        self.connections = {
+        specs = list(specs)
+        if specs:
+            from agent.tools.mcp_connection import BACKOFF_S, McpConnection
+        self.connections: dict[str, McpConnection] = {
             spec.name: McpConnection(
                 spec, cwd=cwd, env_allowlist=env_allowlist, on_tools=self._sync, wrapper=wrapper,
                 environ=environ, backoff_s=backoff_s or BACKOFF_S,
@@ -84,6 +92,8 @@ class McpManager:
 
     def _sync(self, connection: McpConnection, remote_tools: list[mcp_types.Tool]) -> None:
         """Replace the registry's tools of ``connection`` with the ones it offers now."""
+        from agent.tools.mcp_tool import McpTool
+
         spec = connection.spec
         for name in self._registered[spec.name]:
             self.registry.unregister(name)
@@ -111,6 +121,7 @@ async def probe_servers(
     wrapper: CommandWrapper = run_directly,
 ) -> list[McpServerStatus]:
     """Connect to each server once, concurrently, and report its tools or why it failed (doctor)."""
+    from agent.tools.mcp_connection import McpConnection
 
     async def one(spec: McpServerSpec) -> McpServerStatus:
         tools: list[mcp_types.Tool] = []

@@ -17,9 +17,8 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import mcp.types as mcp_types
@@ -30,13 +29,10 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from agent.tools.environment import subprocess_env
-from agent.tools.mcp_stdio import CommandWrapper, StdioLink, run_directly, stdio_link
-from agent.types import Category
+from agent.tools.mcp_spec import CommandWrapper, McpServerSpec, McpServerStatus, State, run_directly
+from agent.tools.mcp_stdio import StdioLink, stdio_link
 
 log = structlog.get_logger(__name__)
-
-Transport = Literal["stdio", "streamable_http", "sse"]
-State = Literal["starting", "ready", "restarting", "stopped"]
 
 BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0, 60.0)
 # A connection that stayed up this long starts the backoff over at its first step.
@@ -49,53 +45,6 @@ CLIENT_INFO = mcp_types.Implementation(name="botd", version="0.1.0")
 
 class McpUnavailable(Exception):
     """The server is not connected right now; the message is for the model."""
-
-
-@dataclass(frozen=True)
-class McpServerSpec:
-    """A configured server, with ``${VAR}`` references already resolved."""
-
-    name: str
-    transport: Transport
-    command: str | None = None
-    args: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    url: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
-    category: Category = "write"
-    tool_categories: Mapping[str, Category] = field(default_factory=dict)
-    enabled_tools: frozenset[str] | None = None
-    disabled_tools: frozenset[str] = frozenset()
-    timeout_s: float = 60.0
-    startup_timeout_s: float = 30.0
-
-    def offers(self, tool: str) -> bool:
-        """Whether the server's tool ``tool`` is offered to the model."""
-        if tool in self.disabled_tools:
-            return False
-        return self.enabled_tools is None or tool in self.enabled_tools
-
-    def category_of(self, tool: str) -> Category:
-        return self.tool_categories.get(tool, self.category)
-
-
-@dataclass(frozen=True)
-class McpServerStatus:
-    """One server as ``botd status`` and ``botd doctor`` show it."""
-
-    name: str
-    transport: Transport
-    state: State
-    tools: int
-    last_error: str | None
-    restarts: int
-    skipped_tools: tuple[str, ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name, "transport": self.transport, "state": self.state, "tools": self.tools,
-            "last_error": self.last_error, "restarts": self.restarts, "skipped_tools": list(self.skipped_tools),
-        }
 
 
 # Called with the server's current tool list after every (re)fetch.

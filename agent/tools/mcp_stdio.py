@@ -22,7 +22,7 @@ import contextlib
 import os
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,19 +33,13 @@ from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
-# (argv, env, cwd) -> (argv, env): how a stdio server's command is actually executed.
-CommandWrapper = Callable[[Sequence[str], Mapping[str, str], Path], tuple[list[str], dict[str, str]]]
+from agent.tools.mcp_spec import CommandWrapper, run_directly
 
 MAX_LINE_BYTES = 32 * 1024 * 1024
 STDERR_TAIL_BYTES = 4096
 # After stdin closes, how long the server may take to exit before its group is killed.
 _EXIT_GRACE_S = 1.0
 _KILL_WAIT_S = 2.0
-
-
-def run_directly(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> tuple[list[str], dict[str, str]]:
-    """The default wrapper: the command as declared."""
-    return list(argv), dict(env)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.tools.mcp import McpManager
-from agent.tools.mcp_connection import McpServerSpec, McpServerStatus, Transport
+from agent.tools.mcp_spec import McpServerSpec, McpServerStatus, Transport
 
 FAKE_SERVER = Path(__file__).with_name("mcp_server.py")
 ALLOWLIST = ("PATH", "HOME", "LANG")

@@ -35,7 +35,7 @@ async def test_chat_uses_mcp_tools_while_a_broken_server_is_retried(
         await wait_until(lambda: mcp.connections["broken"].restarts >= 1, timeout=30, what="a retry")
         fake.script(Reply.tool_calls([Call("fake__add", {"a": 20, "b": 22})]), Reply.text("It is 42."))
         await bot.send("add them")
-        await bot.channel.wait_for(lambda ch: ch.texts("part"))
+        await bot.channel.wait_for(lambda ch: ch.texts("part"), timeout=30)
         assert bot.channel.texts("part") == ["It is 42."]
         history = await bot.history()
         assert [m.content for m in history if m.role == "tool"] == ["42"]
@@ -60,7 +60,7 @@ async def test_stop_cancels_a_running_mcp_call(tmp_path: Path, redis_url: str, r
         await wait_until(lambda: (markers / "started-stop").exists(), what="the call to reach the server")
         await bot.send("/stop")
         await wait_until(lambda: (markers / "cancelled-stop").exists(), timeout=10, what="the server's cancel")
-        await bot.wait_idle()
+        await bot.wait_idle(timeout=30)
         assert bot.channel.texts("notice") == ["Stopped."]
         assert len(fake.requests) == 1
         assert roles(await bot.history()) == ["user", "assistant", "tool"]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.tools.mcp import McpManager
-from agent.tools.mcp_connection import McpServerSpec, Transport
+from agent.tools.mcp_spec import McpServerSpec, Transport
 from agent.tools.registry import ToolContext, ToolError, ToolRegistry, ToolSettings
 from tests.fakes.mcp_rig import ALLOWLIST, free_port, http_server, ready, wait_for
 

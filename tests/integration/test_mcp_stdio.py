@@ -15,7 +15,7 @@ import pytest
 from agent.llm import LLMClient
 from agent.loop import CANCELLED_TOOL_RESULT, RunCancelled, run_loop
 from agent.tools.mcp import McpManager, probe_servers
-from agent.tools.mcp_connection import McpServerSpec
+from agent.tools.mcp_spec import McpServerSpec
 from agent.tools.registry import ToolContext, ToolError, ToolRegistry, ToolSettings
 from agent.types import Message, ToolPolicy
 from tests.fakes.mcp_rig import ALLOWLIST, ready, stdio_spec, wait_for, wait_for_file

@@ -9,7 +9,7 @@ import mcp.types as mcp_types
 import pytest
 
 from agent.tools.mcp import McpManager
-from agent.tools.mcp_connection import McpServerSpec
+from agent.tools.mcp_spec import McpServerSpec
 from agent.tools.mcp_tool import MAX_FILE_BYTES, input_schema, public_name, render_result
 from agent.tools.registry import ToolRegistry
 from bot.config import BotdConfig, ConfigError, load_config
