@@ -4,6 +4,8 @@
     python tests/fakes/mcp_server.py http PORT      # streamable HTTP on 127.0.0.1:PORT/mcp
     python tests/fakes/mcp_server.py sse PORT       # SSE on 127.0.0.1:PORT/sse
     python tests/fakes/mcp_server.py fail           # writes a reason to stderr and exits 3
+    python tests/fakes/mcp_server.py mute           # runs but never answers
+    python tests/fakes/mcp_server.py noisy          # stdio after a line that is not JSON-RPC
 
 ``$FAKE_MCP_MARKERS`` (a directory) is where tools leave evidence for the tests:
 ``touch`` creates a file there, ``slow`` writes ``started-<tag>`` and, when its call is
@@ -129,6 +131,13 @@ def main(argv: list[str]) -> None:
     if mode == "fail":
         print("fake: cannot start: the configuration is missing", file=sys.stderr, flush=True)
         sys.exit(3)
+    if mode == "mute":
+        import time
+
+        time.sleep(3600)
+    if mode == "noisy":
+        print("this line is not JSON-RPC", flush=True)
+        mode = "stdio"
     if mode == "stdio":
         server.run("stdio")
     elif mode == "http":

@@ -304,3 +304,29 @@ async def test_probe_reports_tool_counts_and_errors(markers: Path, workspace: Pa
     good, bad = await probe_servers(specs, cwd=workspace, env_allowlist=ALLOWLIST)
     assert good.last_error is None and good.tools >= 10
     assert bad.last_error is not None and "the configuration is missing" in bad.last_error
+
+
+async def test_a_server_that_never_answers_is_restarted_after_startup_timeout_s(
+    markers: Path, workspace: Path
+) -> None:
+    manager = await start([stdio_spec("mute", markers, mode="mute", startup_timeout_s=3)], workspace)
+    try:
+        await wait_for_file(markers / "starts", timeout_s=60)
+        first_pid = int((markers / "starts").read_text().split()[0])
+        seen = manager.snapshot()[0].restarts
+        status = await wait_for(manager, "mute", lambda s: s.restarts > seen)
+        assert "no answer within 3 s" in (status.last_error or "")
+        with pytest.raises(ProcessLookupError):  # the attempt that timed out left no process behind
+            os.kill(first_pid, 0)
+    finally:
+        await manager.stop()
+
+
+async def test_a_line_that_is_not_json_rpc_does_not_break_the_connection(markers: Path, workspace: Path) -> None:
+    manager = await start([stdio_spec("noisy", markers, mode="noisy")], workspace)
+    try:
+        await wait_for(manager, "noisy", ready)
+        out = await call(manager, "noisy__echo", {"text": "fine"}, workspace)
+        assert out.content == "fine"
+    finally:
+        await manager.stop()
