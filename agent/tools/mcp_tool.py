@@ -11,6 +11,7 @@ server never chooses a path.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -71,7 +72,10 @@ class McpTool(Tool):
             ) from None
         except MCPError as exc:
             raise ToolError(f"Error: MCP server {server!r} refused the call: {_first_line(str(exc))}") from None
-        text = render_result(result, ctx.settings.workspace / "mcp" / server, ctx.settings.max_output_bytes)
+        # Decoding and writing up to MAX_FILE_BYTES per block would stall the event loop.
+        text = await asyncio.to_thread(
+            render_result, result, ctx.settings.workspace / "mcp" / server, ctx.settings.max_output_bytes
+        )
         return ToolOutput(text, is_error=bool(result.is_error))
 
 
