@@ -60,18 +60,18 @@ def _spec(name: str, server: McpServerConfig, environ: Mapping[str, str]) -> Mcp
 
 async def doctor_checks(cfg: BotdConfig) -> list[Check]:
     """One check per enabled server: spawn or connect, list the tools, report the count or the error."""
-    try:
-        specs = server_specs(cfg)
-    except ConfigError as exc:
-        return [("mcp", False, str(exc))]
-    statuses = await probe_servers(
-        specs, cwd=cfg.workspace, env_allowlist=tuple(cfg.security.env_allowlist)
-    )
-    return [
-        (
-            f"mcp:{status.name}",
-            status.last_error is None,
-            f"{status.transport}, {status.tools} tools offered" if status.last_error is None else status.last_error,
-        )
-        for status in statuses
-    ]
+    checks: list[Check] = []
+    specs: list[McpServerSpec] = []
+    for name, server in cfg.mcp.servers.items():
+        if not server.enabled:
+            continue
+        try:
+            specs.append(_spec(name, server, os.environ))
+        except ConfigError as exc:
+            checks.append((f"mcp:{name}", False, str(exc)))
+    statuses = await probe_servers(specs, cwd=cfg.workspace, env_allowlist=tuple(cfg.security.env_allowlist))
+    for status in statuses:
+        ok = status.last_error is None
+        detail = f"{status.transport}, {status.tools} tools offered" if ok else status.last_error
+        checks.append((f"mcp:{status.name}", ok, detail or ""))
+    return checks

@@ -299,7 +299,9 @@ class McpConnection:
     def describe(self, exc: BaseException) -> str:
         """A one-line reason for ``exc`` (never a traceback), with the server's last stderr line."""
         leaf = _leaf(exc)
-        if isinstance(leaf, OSError) and leaf.strerror:
+        if isinstance(leaf, MCPError) and leaf.code == mcp_types.CONNECTION_CLOSED:
+            text = "the server closed the connection"
+        elif isinstance(leaf, OSError) and leaf.strerror:
             text = f"could not start {self.spec.command}: {leaf.strerror}" if self.spec.transport == "stdio" else leaf.strerror
         else:
             text = str(leaf).strip().splitlines()[0] if str(leaf).strip() else ""

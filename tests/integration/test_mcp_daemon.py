@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from bot.config import BotdConfig
+from bot.mcp_servers import doctor_checks
 from tests.fakes.mcp_rig import FAKE_SERVER
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.integration.gateway_harness import roles, running_daemon, wait_until
@@ -64,3 +66,21 @@ async def test_stop_cancels_a_running_mcp_call(tmp_path: Path, redis_url: str, r
         assert bot.channel.texts("notice") == ["Stopped."]
         assert len(fake.requests) == 1
         assert roles(await bot.history()) == ["user", "assistant", "tool"]
+
+
+async def test_doctor_checks_each_server_on_its_own(tmp_path: Path) -> None:
+    fake = [str(FAKE_SERVER)]
+    cfg = BotdConfig.model_validate({
+        "agent": {"workspace": str(tmp_path / "ws")},
+        "mcp": {"servers": {
+            "fake": {"command": sys.executable, "args": [*fake, "stdio"], "disabled_tools": ["crash"]},
+            "broken": {"command": sys.executable, "args": [*fake, "fail"]},
+            "unset": {"command": "x", "env": {"T": "${BOTD_TEST_NOT_SET}"}},
+            "off": {"command": "x", "enabled": False},
+        }},
+    })
+    checks = {name: (ok, detail) for name, ok, detail in await doctor_checks(cfg)}
+    assert set(checks) == {"mcp:fake", "mcp:broken", "mcp:unset"}
+    assert checks["mcp:fake"][0] and checks["mcp:fake"][1].startswith("stdio, ") and "tools offered" in checks["mcp:fake"][1]
+    assert not checks["mcp:broken"][0] and "the configuration is missing" in checks["mcp:broken"][1]
+    assert not checks["mcp:unset"][0] and "mcp.servers.unset.env.T" in checks["mcp:unset"][1]
