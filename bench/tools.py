@@ -6,7 +6,9 @@
   group, capture, clean-up) and a YAML CLI tool call (no shell), in ms per call;
 * ``read_file`` of a 1 MiB file and an atomic ``write_file`` of 1 MiB;
 * ``/stop``-style cancellation: from ``task.cancel()`` on a running ``bash`` call
-  (a tree of sleeping children) until every process of the tree is gone.
+  (a tree of sleeping children) until every process of the tree is gone;
+* MCP: a tool call to a stdio server (the fake MCPServer in ``tests/fakes``) next to a
+  CLI tool call, and a server's start-up (spawn, handshake, first tool list).
 
     .venv/bin/python bench/tools.py [--calls 200] [--checks 2000]
 
@@ -39,7 +41,9 @@ from agent.tools.bash import BashTool  # noqa: E402
 from agent.tools.cli_tools import load_cli_tools  # noqa: E402
 from agent.tools.command_guard import BlockedCommandError, check_command  # noqa: E402
 from agent.tools.files import ReadFileTool, WriteFileTool  # noqa: E402
-from agent.tools.registry import ToolContext, ToolSettings  # noqa: E402
+from agent.tools.mcp import McpManager  # noqa: E402
+from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings  # noqa: E402
+from tests.fakes.mcp_rig import ALLOWLIST, stdio_spec  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "tools.json"
 
@@ -191,6 +195,59 @@ async def cancel_figures(rounds: int, workspace: Path) -> tuple[list[list[Any]],
     ], stats
 
 
+async def _mcp_ready(workspace: Path) -> McpManager:
+    markers = workspace / "mcp-markers"
+    markers.mkdir(exist_ok=True)
+    manager = McpManager([stdio_spec("bench", markers)], ToolRegistry(), cwd=workspace, env_allowlist=ALLOWLIST)
+    await manager.start()
+    connection = manager.connections["bench"]
+    while connection.state != "ready":
+        if connection.last_error:
+            raise RuntimeError(f"the MCP server did not start: {connection.last_error}")
+        await asyncio.sleep(0.002)
+    return manager
+
+
+async def mcp_startup_figures(starts: int, workspace: Path) -> tuple[list[list[Any]], dict[str, Any]]:
+    """From ``McpManager.start()`` until the stdio server's tools are registered."""
+    samples = []
+    for _ in range(starts):
+        started = time.perf_counter()
+        manager = await _mcp_ready(workspace)
+        samples.append(time.perf_counter() - started)
+        await manager.stop()
+    stats = summary_ms(samples)
+    return [["MCP stdio server start-up (spawn, handshake, list)", f"{stats['p50_ms']:.0f} ms",
+             f"{stats['p99_ms']:.0f} ms"]], stats
+
+
+async def mcp_call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], dict[str, Any]]:
+    """An MCP stdio tool call and a CLI tool call, interleaved so both see the same machine load."""
+    ctx = ToolContext(run_id="bench", session_key="bench", settings=ToolSettings(workspace=workspace))
+    tools_file = workspace / "mcp-cli.yaml"
+    tools_file.write_text(
+        "tools:\n  - name: say\n    category: read\n    cmd: printf\n"
+        "    args: ['%s', '{{text}}']\n    parameters: {text: {type: string}}\n"
+    )
+    (say,) = load_cli_tools(tools_file)
+    manager = await _mcp_ready(workspace)
+    echo = manager.registry.get("bench__echo")
+    assert echo is not None
+    samples: dict[str, list[float]] = {"MCP stdio call: echo": [], "CLI tool call: printf": []}
+    try:
+        for _ in range(calls):
+            for label, tool in (("MCP stdio call: echo", echo), ("CLI tool call: printf", say)):
+                started = time.perf_counter()
+                out = await tool.execute({"text": "hi"}, ctx)
+                samples[label].append(time.perf_counter() - started)
+                assert not out.is_error, out.content
+    finally:
+        await manager.stop()
+    results = {label: summary_ms(values) for label, values in samples.items()}
+    rows = [[label, f"{s['p50_ms']:.2f} ms", f"{s['p99_ms']:.2f} ms"] for label, s in results.items()]
+    return rows, results
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -210,9 +267,11 @@ async def main() -> None:
         guard_rows, guard = guard_figures(args.checks)
         call_rows, calls = await call_figures(args.calls, workspace)
         cancel_rows, cancel = await cancel_figures(max(5, args.calls // 10), workspace)
+        mcp_rows, mcp_calls = await mcp_call_figures(args.calls, workspace)
+        start_rows, mcp_start = await mcp_startup_figures(max(5, args.calls // 20), workspace)
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
-    print(table(["what", "p50", "p99"], [*guard_rows, *call_rows, *cancel_rows]))
+    print(table(["what", "p50", "p99"], [*guard_rows, *call_rows, *cancel_rows, *mcp_rows, *start_rows]))
     report = {
         "benchmark": "tools",
         "command": " ".join([".venv/bin/python", "bench/tools.py", *sys.argv[1:]]),
@@ -222,6 +281,7 @@ async def main() -> None:
         "guard": guard,
         "calls": calls,
         "cancel": cancel,
+        "mcp": {"calls": mcp_calls, "startup": mcp_start},
     }
     OUTPUT.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {OUTPUT.relative_to(ROOT)}")

@@ -16,6 +16,7 @@ from agent.llm import LLMClient
 from agent.llm_types import ChatModel
 from agent.tools.builtin import load_tools
 from agent.tools.cli_tools import ToolConfigError
+from agent.tools.mcp import McpManager
 from agent.tools.registry import Tool, ToolRegistry, ToolSettings
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
@@ -27,6 +28,7 @@ from bot.gateway.reply import DeliveryLedger
 from bot.gateway.run import RunDeps, RunExecutor
 from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
+from bot.mcp_servers import server_specs
 from bot.pairing import ApprovalNotices, ChannelPairing, PairingStore
 from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key
@@ -155,6 +157,10 @@ class App:
         self.tool_settings = tool_settings(cfg)
         declared = declared_tools(cfg, self.tool_settings)
         self.tools = ToolRegistry([*declared, CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)])
+        # MCP servers add their tools to the same registry as they connect (started by the daemon).
+        self.mcp = McpManager(
+            server_specs(cfg), self.tools, cwd=cfg.workspace, env_allowlist=self.tool_settings.env_allowlist
+        )
         self.broadcast = Broadcast(client)
         self.ledger = DeliveryLedger(client, prefix)
         self.redelivery = Redelivery(client, keys, self.channels, self.ledger)

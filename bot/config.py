@@ -8,6 +8,7 @@ A bad value raises :class:`ConfigError` naming the key; the CLI exits 2 on it.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -171,6 +172,50 @@ class SecurityConfig(_Section):
     cli_tools_file: Path | None = None
 
 
+class McpToolConfig(_Section):
+    category: Literal["read", "write", "admin"] | None = None
+
+
+class McpServerConfig(_Section):
+    """One MCP server: ``command`` (stdio) or ``url`` (streamable HTTP, or SSE with ``transport: sse``)."""
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    transport: Literal["streamable_http", "sse"] = "streamable_http"  # for url only
+    category: Literal["read", "write", "admin"] = "write"
+    tools: dict[str, McpToolConfig] = Field(default_factory=dict)
+    enabled_tools: list[str] | None = None
+    disabled_tools: list[str] = Field(default_factory=list)
+    enabled: bool = True
+    timeout_s: float = Field(60, gt=0)
+    startup_timeout_s: float = Field(30, gt=0)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("set exactly one of command (stdio) or url (HTTP)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return self
+
+
+class McpConfig(_Section):
+    servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+
+    @field_validator("servers")
+    @classmethod
+    def _names(cls, value: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*", name) or len(name) > 32:
+                raise ValueError(
+                    f"server name {name!r}: use letters, digits, '-' and single '_' (at most 32 characters)"
+                )
+        return value
+
+
 class TargetConfig(_Section):
     channel: Literal["telegram", "slack", "console"] | None = None
     chat_id: str | None = None
@@ -236,6 +281,7 @@ class BotdConfig(BaseSettings):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     # The file this config was read from (None: defaults and environment only).
     _source: Path | None = PrivateAttr(default=None)

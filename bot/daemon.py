@@ -69,6 +69,7 @@ class Daemon:
         self.http = HttpServer(cfg.http.host, cfg.http.port, cfg.http.max_body_bytes, self.readiness)
         await app.broadcast.start()
         await app.gateway.start()
+        await app.mcp.start()  # returns at once: servers connect in the background
         for name, channel in channels.items():
             await channel.start(app.channel_context(name, self.http.add_route))
             self._started_channels.append(channel)
@@ -123,6 +124,7 @@ class Daemon:
                     await app.scheduler.stop(grace_s=1.0)
             await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s if grace_s is None else grace_s)
             await app.redelivery.stop()
+            await app.mcp.stop()
         # Intake stopped first; replies of finishing runs needed the clients until now.
         for channel in self._started_channels:
             with contextlib.suppress(Exception):

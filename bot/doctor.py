@@ -16,6 +16,7 @@ from typing import Literal
 
 from bot.app import check_config
 from bot.config import BotdConfig, ConfigError
+from bot.mcp_servers import doctor_checks
 from bot.probes import Probe, check_slack, check_telegram, probe_llm
 from bot.store.connection import open_redis
 from bot.store.errors import StoreError
@@ -123,6 +124,11 @@ async def run_checks(cfg: BotdConfig) -> list[Finding]:
     findings.extend(await _telegram(cfg))
     findings.extend(await _slack(cfg))
     findings.extend(_heartbeat(cfg))
+    if any(server.enabled for server in cfg.mcp.servers.values()):
+        findings.extend(
+            Finding("ok" if ok else "FAIL", name, detail, "" if ok else f"check mcp.servers.{name.removeprefix('mcp:')}")
+            for name, ok, detail in await doctor_checks(cfg)
+        )
     return findings
 
 

@@ -155,6 +155,11 @@ class ToolRegistry:
         self._tools[tool.name] = tool
         self._validators[tool.name] = _Validator(tool.parameters)
 
+    def unregister(self, name: str) -> None:
+        """Remove a tool (tools that come and go, such as an MCP server's); unknown names are ignored."""
+        self._tools.pop(name, None)
+        self._validators.pop(name, None)
+
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
 
