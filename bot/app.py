@@ -16,6 +16,7 @@ from agent.llm_types import ChatModel
 from agent.tools.builtin import load_tools
 from agent.tools.cli_tools import ToolConfigError
 from agent.tools.registry import ToolRegistry, ToolSettings
+from agent.tools.sandbox import Sandbox
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
 from bot.gateway.approvals import Approvals
@@ -26,6 +27,7 @@ from bot.gateway.delivery import DeliveryLedger
 from bot.gateway.gateway import Gateway
 from bot.gateway.runner import RunDeps, RunExecutor
 from bot.logs import register_secret
+from bot.sandboxing import build_sandbox, hidden_paths
 from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key
 from bot.store.connection import RedisHandle
@@ -45,15 +47,16 @@ def replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def tool_settings(cfg: BotdConfig) -> ToolSettings:
+def tool_settings(cfg: BotdConfig, sandbox: Sandbox) -> ToolSettings:
     return ToolSettings(
         workspace=cfg.workspace,
         allowed_paths=tuple(Path(p) for p in cfg.allowed_paths()),
         # The store's own files (embedded Valkey data and socket) are never a tool's business.
-        denied_paths=(*(Path(p).expanduser() for p in cfg.security.denied_paths), cfg.workspace / ".botd"),
+        denied_paths=tuple(hidden_paths(cfg)),
         timeout_s=cfg.security.tool_timeout_s,
         max_output_bytes=cfg.security.max_tool_output_bytes,
         env_allowlist=tuple(cfg.security.env_allowlist),
+        sandbox=sandbox,
     )
 
 
@@ -121,7 +124,8 @@ class App:
         keys = self.store.keys
         self.sessions = SessionStore(client, keys)
         self.jobs = JobStore(client, prefix)
-        self.tool_settings = tool_settings(cfg)
+        self.sandbox = build_sandbox(cfg)
+        self.tool_settings = tool_settings(cfg, self.sandbox)
         try:
             declared = load_tools(self.tool_settings, cfg.security.cli_tools_file)
         except ToolConfigError as exc:

@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -51,6 +52,7 @@ class AgentConfig(_Section):
     max_iterations: int = Field(20, ge=1, le=200)
     history_turns: int = Field(50, ge=1)
     max_message_chars: int = Field(32768, ge=256)
+    workspace_scope: Literal["user", "shared"] = "user"
 
 
 class LLMConfig(_Section):
@@ -158,6 +160,13 @@ class GatewayConfig(_Section):
     run_timeout_s: float = Field(1800, gt=0)
 
 
+class ToolLimitsConfig(_Section):
+    processes: int = Field(256, ge=8)
+    file_size_mb: int = Field(256, ge=1)
+    memory_mb: int = Field(2048, ge=64)
+    open_files: int = Field(1024, ge=32)
+
+
 class SecurityConfig(_Section):
     allowed_paths: list[Path] | None = None  # None: [<workspace>, /tmp/botd]
     denied_paths: list[Path] = Field(
@@ -169,6 +178,11 @@ class SecurityConfig(_Section):
         default_factory=lambda: ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TERM", "SHELL", "TMPDIR", "TZ"]
     )
     cli_tools_file: Path | None = None
+    sandbox: Literal["auto", "bwrap", "off"] = "auto"
+    sandbox_network: bool = False
+    tool_limits: ToolLimitsConfig = Field(default_factory=lambda: ToolLimitsConfig())
+    # Keys the MACs on approvals and cron grants; unset: generated in <workspace>/.botd/daemon.key.
+    secret: SecretStr | None = None
 
 
 class TargetConfig(_Section):
@@ -262,6 +276,13 @@ class BotdConfig(BaseSettings):
         # init carries the merged YAML + plain env names (see load_config); BOTD_ env wins.
         return (env_settings, init_settings)
 
+    _config_file: Path | None = PrivateAttr(None)
+
+    @property
+    def config_file(self) -> Path | None:
+        """The YAML file this config was read from (tools must never see it)."""
+        return self._config_file
+
     @property
     def workspace(self) -> Path:
         return self.agent.workspace.expanduser().resolve()
@@ -325,9 +346,12 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
                 raise ConfigError(f"{section}: must be a mapping")
             sect[key] = value
     try:
-        return BotdConfig(**data)
+        cfg = BotdConfig(**data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
+    if resolved is not None:
+        cfg._config_file = resolved.expanduser().resolve()
+    return cfg
 
 
 def format_validation_error(exc: ValidationError) -> str:

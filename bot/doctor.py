@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from bot.app import build_model
-from bot.config import BotdConfig
+from bot.config import BotdConfig, ConfigError
 from bot.store.connection import open_redis
 
 Check = tuple[str, bool, str]
@@ -43,6 +43,7 @@ async def run_checks(cfg: BotdConfig) -> list[Check]:
         listed = "listed" if cfg.llm.model in models else "not listed (may still work)"
         return f"endpoint answers; model {cfg.llm.model} {listed}"
 
+    results.append(sandbox_check(cfg))
     results.append(await _guarded("redis", redis))
     results.append(await _guarded("llm", llm))
     if cfg.telegram.enabled:
@@ -50,6 +51,19 @@ async def run_checks(cfg: BotdConfig) -> list[Check]:
     if cfg.slack.enabled:
         results.append(await _guarded("slack", lambda: _slack(cfg)))
     return results
+
+
+def sandbox_check(cfg: BotdConfig) -> Check:
+    """Passes when tools will be confined; ``auto`` without bubblewrap passes with a WARN and the fix."""
+    from bot.sandboxing import build_sandbox
+
+    try:
+        sandbox = build_sandbox(cfg)
+    except ConfigError as exc:
+        return ("sandbox", False, str(exc))
+    if sandbox.active:
+        return ("sandbox", True, sandbox.describe())
+    return ("sandbox", True, f"WARN {sandbox.describe()}; fix: apt-get install bubblewrap (see README, Security model)")
 
 
 async def _telegram(cfg: BotdConfig) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.tools.environment import subprocess_env
-from agent.tools.process import run_process
+from agent.tools.process import run_sandboxed
 from agent.tools.registry import Tool, ToolContext, ToolError, ToolOutput
 from agent.types import Category
 
@@ -102,10 +102,13 @@ class CliTool(Tool):
         settings = ctx.settings
         try:
             settings.workspace.mkdir(parents=True, exist_ok=True)
-            result = await run_process(
+            result = await run_sandboxed(
                 argv,
+                sandbox=settings.sandbox,
                 cwd=settings.workspace,
                 env=subprocess_env(settings.env_allowlist, self.spec.env),
+                writable=settings.writable_paths(),
+                readonly=settings.readonly_paths,
                 timeout_s=self.spec.timeout_s or settings.timeout_s,
                 max_output_bytes=settings.max_output_bytes,
             )

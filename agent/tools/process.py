@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.tools.sandbox import Sandbox
+
 # After the leader exits, how long background children may keep writing before the group is killed.
 _EXIT_GRACE_S = 0.5
 # How long to wait for pipes to close after the group was killed.
@@ -218,3 +220,26 @@ def _end_spawned(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _Colle
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+async def run_sandboxed(
+    argv: Sequence[str],
+    *,
+    sandbox: Sandbox,
+    cwd: Path,
+    env: Mapping[str, str],
+    writable: Sequence[Path],
+    readonly: Sequence[Path] = (),
+    timeout_s: float,
+    max_output_bytes: int,
+) -> ProcessResult:
+    """``run_process`` inside ``sandbox``; the sandbox and everything in it is gone when this returns."""
+    command = sandbox.wrap(argv, cwd=cwd, env=env, writable=writable, readonly=readonly)
+    try:
+        result = await run_process(
+            command.argv, cwd=command.cwd, env=command.env, timeout_s=timeout_s, max_output_bytes=max_output_bytes
+        )
+    finally:
+        command.release()
+    result.argv = tuple(argv)
+    return result

@@ -22,6 +22,7 @@ from typing import Any
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError, ValidationError
 
+from agent.tools.sandbox import Sandbox
 from agent.types import Category, ToolPolicy
 
 # Asked before an admin tool runs in an interactive run: (tool name, arguments) -> approved?
@@ -39,6 +40,14 @@ class ToolSettings:
     max_output_bytes: int = 204_800
     env_allowlist: tuple[str, ...] = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TERM", "SHELL", "TMPDIR", "TZ")
     max_read_bytes: int = 1_048_576
+    # Unset: no confinement and no limits (unit tests); the daemon always passes a probed one.
+    sandbox: Sandbox = field(default_factory=lambda: Sandbox(bwrap=None, reason="not configured"))
+    # Paths the tools may read but never write (the agent's own files at the workspace root).
+    readonly_paths: tuple[Path, ...] = ()
+
+    def writable_paths(self) -> tuple[Path, ...]:
+        """Where a tool process may write: the workspace and the allowed paths."""
+        return (self.workspace, *self.allowed_paths)
 
 
 @dataclass

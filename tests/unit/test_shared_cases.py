@@ -18,6 +18,7 @@ from agent.history import prune_tool_results, repair_pairing
 from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sanitize
 from agent.types import Message
 
+
 def _cases_dir() -> Path:
     directory = Path(__file__).resolve().parents[1] / "cases"
     if not directory.is_dir() or not any(directory.glob("*.json")):
