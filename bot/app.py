@@ -33,6 +33,7 @@ from bot.session_keys import cron_session_key, heartbeat_session_key, session_ke
 from bot.store.connection import RedisHandle
 from bot.store.kv import RedisKeyValue
 from bot.store.locks import SessionLock
+from bot.store.seal import RecordSeal
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
 from channels.base import ChannelAdapter, ChannelContext, RouteHandler, Scope
@@ -123,7 +124,8 @@ class App:
         cfg, client, prefix = self.cfg, self.store.client, self.cfg.redis.prefix
         keys = self.store.keys
         self.sessions = SessionStore(client, keys)
-        self.jobs = JobStore(client, prefix)
+        self.seal = RecordSeal.for_config(cfg)
+        self.jobs = JobStore(client, prefix, self.seal)
         self.sandbox = build_sandbox(cfg)
         self.tool_settings = tool_settings(cfg, self.sandbox)
         try:
@@ -133,7 +135,7 @@ class App:
         self.tools = ToolRegistry([*declared, CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)])
         self.broadcast = Broadcast(client)
         self.ledger = DeliveryLedger(client, prefix)
-        self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s)
+        self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s, seal=self.seal)
         self.traces = TraceStore(client, prefix)
         self.compactor = SessionCompactor(self.sessions, client, prefix, self.model, self.tool_settings, cfg)
         self.executor = RunExecutor(
@@ -164,6 +166,7 @@ class App:
             heartbeat_session_key=heartbeat_session_key(cfg.agent.id),
             agent_id=cfg.agent.id,
             instance_id=self.replica,
+            seal=self.seal,
         )
 
     def channel_context(self, name: str, add_route: Callable[[str, str, RouteHandler], None]) -> ChannelContext:

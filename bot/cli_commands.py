@@ -66,12 +66,13 @@ async def doctor(cfg: BotdConfig) -> int:
 
 
 async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
+    from bot.store.seal import RecordSeal
     from scheduler import cron_commands as cc
     from scheduler.errors import CronError
     from scheduler.store import JobStore
 
     async with store(cfg) as handle:
-        jobs = JobStore(handle.client, cfg.redis.prefix)
+        jobs = JobStore(handle.client, cfg.redis.prefix, RecordSeal.for_config(cfg))
         try:
             if args.cron_command == "add":
                 options = cc.CronAddOptions(

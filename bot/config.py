@@ -184,6 +184,13 @@ class SecurityConfig(_Section):
     # Keys the MACs on approvals and cron grants; unset: generated in <workspace>/.botd/daemon.key.
     secret: SecretStr | None = None
 
+    @field_validator("secret")
+    @classmethod
+    def _secret_length(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (e.g. openssl rand -hex 32)")
+        return value
+
 
 class TargetConfig(_Section):
     channel: Literal["telegram", "slack", "console"] | None = None

@@ -85,3 +85,11 @@ class ScheduledRunner(Protocol):
     async def notify(self, target: JobTarget, text: str) -> None:
         """Send a plain notice to a chat (e.g. a job was disabled); not a run, no LLM."""
         ...
+
+
+class GrantSeal(Protocol):
+    """MACs a cron job's grants with a key the store never holds (the daemon implements it)."""
+
+    def sign(self, *fields: str) -> str: ...
+
+    def verify(self, mac: object, *fields: str) -> bool: ...

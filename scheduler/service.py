@@ -42,7 +42,7 @@ from scheduler.fire_times import latest_fire_between, next_fire
 from scheduler.heartbeat import HeartbeatFires
 from scheduler.jobs import HEARTBEAT_JOB_ID, CronJob
 from scheduler.ledger import FireTrigger, RunLedger, RunRecord
-from scheduler.ports import ScheduledRunner
+from scheduler.ports import GrantSeal, ScheduledRunner
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import JobStore
 from scheduler.tasks import TaskSet, cancel_all, drain
@@ -70,12 +70,13 @@ class SchedulerService:
         heartbeat_busy_keys: Sequence[str] = (),
         clock: Clock = utc_now,
         instance_id: str | None = None,
+        seal: GrantSeal | None = None,
     ) -> None:
         self._redis = redis
         self.settings = settings
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self._clock = clock
-        self.store = JobStore(redis, prefix)
+        self.store = JobStore(redis, prefix, seal)
         self._claims = FireClaims(redis, prefix, ttl_s=settings.fire_claim_ttl_s)
         self._cron = CronFires(
             self.store,
