@@ -16,14 +16,18 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError, ValidationError
 
 from agent.tools.sandbox import Sandbox
 from agent.types import Category, ToolPolicy
+
+if TYPE_CHECKING:
+    from agent.tools.paths import PathGuard
 
 # Asked before an admin tool runs in an interactive run: (tool name, arguments) -> approved?
 ApprovalCallback = Callable[[str, dict[str, Any]], Awaitable[bool]]
@@ -44,6 +48,14 @@ class ToolSettings:
     sandbox: Sandbox = field(default_factory=lambda: Sandbox(bwrap=None, reason="not configured"))
     # Paths the tools may read but never write (the agent's own files at the workspace root).
     readonly_paths: tuple[Path, ...] = ()
+
+    @cached_property
+    def path_guard(self) -> PathGuard:
+        """Built once per settings: a root's symlink form is resolved now, never again per call,
+        so a link planted later at a root cannot widen it."""
+        from agent.tools.paths import PathGuard
+
+        return PathGuard(self.workspace, self.allowed_paths, self.denied_paths)
 
     def writable_paths(self) -> tuple[Path, ...]:
         """Where a tool process may write: the workspace and the allowed paths."""
