@@ -36,6 +36,7 @@ from bot.store.locks import SessionLock
 from bot.store.seal import RecordSeal
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
+from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, ChannelContext, RouteHandler, Scope
 from scheduler.cron_tool import CronTool
 from scheduler.ports import JobTarget
@@ -143,6 +144,7 @@ class App:
                 cfg=cfg, sessions=self.sessions, model=self.model, tools=self.tools,
                 tool_settings=self.tool_settings, channels=self.channels, ledger=self.ledger,
                 approvals=self.approvals, traces=self.traces, compactor=self.compactor,
+                workspaces=SessionWorkspaces(self.tool_settings, cfg.agent.workspace_scope),
             )
         )
         self.control = ControlCommands(

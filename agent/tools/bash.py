@@ -66,6 +66,7 @@ class BashTool(Tool):
                 env=env,
                 writable=settings.writable_paths(),
                 readonly=settings.readonly_paths,
+                hidden=settings.masked_paths,
                 timeout_s=timeout,
                 max_output_bytes=settings.max_output_bytes,
             )

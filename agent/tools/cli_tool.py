@@ -111,6 +111,7 @@ class CliTool(Tool):
                 env=subprocess_env(settings.env_allowlist, self.spec.env),
                 writable=settings.writable_paths(),
                 readonly=settings.readonly_paths,
+                hidden=settings.masked_paths,
                 timeout_s=self.spec.timeout_s or settings.timeout_s,
                 max_output_bytes=settings.max_output_bytes,
             )

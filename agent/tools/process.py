@@ -230,11 +230,12 @@ async def run_sandboxed(
     env: Mapping[str, str],
     writable: Sequence[Path],
     readonly: Sequence[Path] = (),
+    hidden: Sequence[Path] = (),
     timeout_s: float,
     max_output_bytes: int,
 ) -> ProcessResult:
     """``run_process`` inside ``sandbox``; the sandbox and everything in it is gone when this returns."""
-    command = sandbox.wrap(argv, cwd=cwd, env=env, writable=writable, readonly=readonly)
+    command = sandbox.wrap(argv, cwd=cwd, env=env, writable=writable, readonly=readonly, hidden=hidden)
     try:
         result = await run_process(
             command.argv, cwd=command.cwd, env=command.env, timeout_s=timeout_s, max_output_bytes=max_output_bytes

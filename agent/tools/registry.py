@@ -48,6 +48,8 @@ class ToolSettings:
     sandbox: Sandbox = field(default_factory=lambda: Sandbox(bwrap=None, reason="not configured"))
     # Paths the tools may read but never write (the agent's own files at the workspace root).
     readonly_paths: tuple[Path, ...] = ()
+    # Paths masked in the sandbox for this session (other sessions' directories).
+    masked_paths: tuple[Path, ...] = ()
 
     @cached_property
     def path_guard(self) -> PathGuard:

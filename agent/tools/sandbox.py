@@ -19,7 +19,7 @@ gets its own cgroup with ``pids.max``.
 Use (``bash``, CLI tools, and long-lived stdio servers alike)::
 
     sandbox = Sandbox.from_mode("auto", network=False, limits=ToolLimits(), hidden=[...])
-    cmd = sandbox.wrap(argv, cwd=workdir, env=env, writable=[workdir])
+    cmd = sandbox.wrap(argv, cwd=workdir, env=env, writable=[workdir], readonly=[...], hidden=[...])
     # exec cmd.argv with env=cmd.env, cwd=cmd.cwd, start_new_session=True
     # to end it: SIGKILL the process group of what was started, then cmd.release()
 
@@ -151,11 +151,12 @@ class Sandbox:
         env: Mapping[str, str],
         writable: Iterable[Path] = (),
         readonly: Iterable[Path] = (),
+        hidden: Iterable[Path] = (),
     ) -> SandboxCommand:
         """The command that runs ``argv`` in ``cwd`` confined: only ``writable`` (and a private
-        ``/tmp``) can be written, ``readonly`` paths are bound read-only over writable ones,
-        ``hidden`` paths are masked. Missing writable/readonly paths are skipped. Off: the
-        limits still apply, nothing else changes."""
+        ``/tmp``) can be written, ``readonly`` paths are bound read-only, the sandbox's own
+        ``hidden`` paths plus these ``hidden`` are masked; for nested paths the deepest rule
+        wins. Missing paths are skipped. Off: the limits still apply, nothing else changes."""
         if not argv:
             raise ValueError("empty command")
         inner = [*self._limit_prefix(), *argv]
@@ -163,7 +164,7 @@ class Sandbox:
         if self.bwrap is None:
             outer = inner
         else:
-            outer = [self.bwrap, *self._bwrap_args(cwd, writable, readonly), "--", *inner]
+            outer = [self.bwrap, *self._bwrap_args(cwd, writable, readonly, hidden), "--", *inner]
         if cgroup is not None:
             outer = ["/bin/sh", "-c", _JOIN_CGROUP, "sh", str(cgroup), *outer]
         sandbox_env = dict(env)
@@ -183,21 +184,29 @@ class Sandbox:
             return []
         return [self.prlimit, *self.limits.prlimit_args(), "--"]
 
-    def _bwrap_args(self, cwd: Path, writable: Iterable[Path], readonly: Iterable[Path]) -> list[str]:
+    def _bwrap_args(
+        self, cwd: Path, writable: Iterable[Path], readonly: Iterable[Path], hidden: Iterable[Path]
+    ) -> list[str]:
         args = ["--die-with-parent", "--new-session", "--unshare-all"]
         if self.network:
             args.append("--share-net")
         args += ["--cap-drop", "ALL", "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        for path in _existing(writable):
-            args += ["--bind", str(path), str(path)]
-        for path in _existing(readonly):
-            args += ["--ro-bind", str(path), str(path)]
-        for path in _existing(self.hidden):
-            if path.is_dir():
-                args += ["--tmpfs", str(path), "--remount-ro", str(path)]
+        # The most specific path wins: mounts go shallow to deep (a mask beats a bind of the same path),
+        # so a writable session directory can sit inside a masked one and a masked .botd inside a bound root.
+        mounts = [(p, 0) for p in _existing(writable)] + [(p, 1) for p in _existing(readonly)]
+        mounts += [(p, 2) for p in _existing([*self.hidden, *hidden])]
+        sealed: list[str] = []  # masks are made read-only last: deeper binds need mount points in them
+        for path, kind in sorted(mounts, key=lambda m: (len(m[0].parts), m[1])):
+            if kind == 0:
+                args += ["--bind", str(path), str(path)]
+            elif kind == 1:
+                args += ["--ro-bind", str(path), str(path)]
+            elif path.is_dir():
+                args += ["--tmpfs", str(path)]
+                sealed += ["--remount-ro", str(path)]
             else:
                 args += ["--ro-bind", "/dev/null", str(path)]
-        args += ["--chdir", str(cwd)]
+        args += [*sealed, "--chdir", str(cwd)]
         return args
 
     def _new_cgroup(self) -> Path | None:

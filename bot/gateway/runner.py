@@ -14,6 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Literal, Protocol
 from zoneinfo import ZoneInfo
 
@@ -34,6 +35,7 @@ from bot.gateway.reply import DeliveryStatus, Reply, notify
 from bot.gateway.tracing_model import TracingModel
 from bot.store.sessions import SessionStore
 from bot.tracing import Trace, TraceStore, clip, verbose
+from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
 log = structlog.get_logger(__name__)
@@ -49,7 +51,9 @@ LLM_FAILURE_TEXT = "Sorry — I couldn't get an answer from the model ({reason})
 
 
 class Compactor(Protocol):
-    async def maybe_compact(self, session_key: str, last_prompt_tokens: int) -> bool: ...
+    async def maybe_compact(
+        self, session_key: str, last_prompt_tokens: int, *, settings: ToolSettings | None = None
+    ) -> bool: ...
 
 
 @dataclass
@@ -73,6 +77,7 @@ class RunDeps:
     approvals: Approvals
     traces: TraceStore
     compactor: Compactor | None = None
+    workspaces: SessionWorkspaces | None = None  # None: every run uses tool_settings as is
     tool_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -148,7 +153,8 @@ class RunExecutor:
             context_window_tokens=deps.cfg.llm.context_window,
             summary=summary,
         )
-        system = build_system_prompt(self._prompt_spec(last))
+        settings = deps.workspaces.settings_for(last) if deps.workspaces else deps.tool_settings
+        system = build_system_prompt(self._prompt_spec(last, settings.workspace))
         messages = [Message.system(system), *prepared, *user_messages]
 
         async def on_event(event: AgentEvent) -> None:
@@ -182,7 +188,7 @@ class RunExecutor:
         ctx = ToolContext(
             run_id=run_id,
             session_key=session_key,
-            settings=deps.tool_settings,
+            settings=settings,
             policy=last.tool_policy,
             chat={"channel": last.channel, "chat_id": last.chat_id, "thread_id": last.thread_id,
                   "user_id": last.user_id},
@@ -230,7 +236,7 @@ class RunExecutor:
         await self._persist(session_key, run_id, user_messages, result, model)
         if deps.compactor is not None:
             try:
-                await deps.compactor.maybe_compact(session_key, model.last_prompt_tokens)
+                await deps.compactor.maybe_compact(session_key, model.last_prompt_tokens, settings=settings)
             except Exception as exc:
                 bound.warning("compaction.failed", error=str(exc))
         return RunOutcome(run_id, _status(result), delivery, result.error, result.text)
@@ -259,7 +265,7 @@ class RunExecutor:
                 session_key, usage.prompt_tokens, usage.completion_tokens, run_id=f"{run_id}:{index}"
             )
 
-    def _prompt_spec(self, req: RunRequest) -> PromptSpec:
+    def _prompt_spec(self, req: RunRequest, session_workspace: Path) -> PromptSpec:
         cfg = self.deps.cfg
         tz_name = cfg.heartbeat.timezone if req.kind == "heartbeat" else cfg.scheduler.timezone
         tools = self.deps.tools
@@ -275,6 +281,7 @@ class RunExecutor:
             agent_id=cfg.agent.id,
             model=cfg.llm.model,
             task=req.meta.get("task"),
+            session_workspace=session_workspace,
         )
 
 
