@@ -184,6 +184,11 @@ class SecurityConfig(_Section):
     # Keys the MACs on approvals and cron grants; unset: generated in <workspace>/.botd/daemon.key.
     secret: SecretStr | None = None
 
+    @field_validator("secret", mode="before")
+    @classmethod
+    def _empty_secret(cls, value: Any) -> Any:
+        return None if value == "" else value  # an empty variable from an env file means unset
+
     @field_validator("secret")
     @classmethod
     def _secret_length(cls, value: SecretStr | None) -> SecretStr | None:
