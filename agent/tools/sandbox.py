@@ -84,7 +84,7 @@ class SandboxCommand:
         """Kill whatever is left in the per-call cgroup and remove it (idempotent; call after exit)."""
         if self.cgroup is None:
             return
-        for _ in range(50):
+        for _ in range(500):  # at most about a second: exiting processes leave the list quickly
             try:
                 pids = [int(p) for p in (self.cgroup / "cgroup.procs").read_text(encoding="ascii").split()]
             except (OSError, ValueError):
@@ -94,7 +94,7 @@ class SandboxCommand:
             for pid in pids:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
-            time.sleep(0.01)
+            time.sleep(0.002)
         with contextlib.suppress(OSError):
             self.cgroup.rmdir()
         self.cgroup = None
