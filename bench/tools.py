@@ -148,15 +148,7 @@ async def call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], di
         ]:
             for _ in range(5):  # warm-up: page cache, first namespace set-up
                 await run()
-            samples = []
-            for _ in range(calls):
-                started = time.perf_counter()
-                out = await run()
-                samples.append(time.perf_counter() - started)
-                assert not out.is_error, out.content
-            stats = summary_ms(samples)
-            results[label] = stats
-            rows.append([label, f"{stats['p50_ms']:.2f} ms", f"{stats['p99_ms']:.2f} ms"])
+            await timed(label, run, calls, results, rows)
     for variant, _ in variants[1:]:
         for what in ("bash: `true`", "CLI tool: printf, no shell"):
             inside, outside = results[f"{what} ({variant})"], results[f"{what} (no sandbox)"]
@@ -175,16 +167,23 @@ async def call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], di
             lambda: WriteFileTool().execute({"path": "copy.txt", "content": "y" * 1_048_576}, read_ctx),
         ),
     ]:
-        samples = []
-        for _ in range(max(10, calls // 10)):
-            started = time.perf_counter()
-            out = await run()
-            samples.append(time.perf_counter() - started)
-            assert not out.is_error, out.content
-        stats = summary_ms(samples)
-        results[label] = stats
-        rows.append([label, f"{stats['p50_ms']:.2f} ms", f"{stats['p99_ms']:.2f} ms"])
+        await timed(label, run, max(10, calls // 10), results, rows)
     return rows, results
+
+
+async def timed(
+    label: str, run: Any, calls: int, results: dict[str, Any], rows: list[list[Any]]
+) -> None:
+    """Time ``calls`` successful calls of ``run``; add their summary to ``results`` and ``rows``."""
+    samples = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        out = await run()
+        samples.append(time.perf_counter() - started)
+        assert not out.is_error, out.content
+    stats = summary_ms(samples)
+    results[label] = stats
+    rows.append([label, f"{stats['p50_ms']:.2f} ms", f"{stats['p99_ms']:.2f} ms"])
 
 
 async def cancel_figures(rounds: int, workspace: Path) -> tuple[list[list[Any]], dict[str, Any]]:

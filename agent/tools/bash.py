@@ -58,17 +58,8 @@ class BashTool(Tool):
         if bash is None:
             raise ToolError("Error: bash is not installed on this machine.")
         try:
-            settings.workspace.mkdir(parents=True, exist_ok=True)
             result = await run_sandboxed(
-                [bash, "--noprofile", "--norc", "-c", command],
-                sandbox=settings.sandbox,
-                cwd=settings.workspace,
-                env=env,
-                writable=settings.writable_paths(),
-                readonly=settings.readonly_paths,
-                hidden=settings.masked_paths,
-                timeout_s=timeout,
-                max_output_bytes=settings.max_output_bytes,
+                [bash, "--noprofile", "--norc", "-c", command], settings=settings, env=env, timeout_s=timeout
             )
         except OSError as exc:
             raise ToolError(f"Error: could not start bash: {exc.strerror or exc}.") from None

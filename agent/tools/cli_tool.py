@@ -103,17 +103,11 @@ class CliTool(Tool):
         argv = self.argv(args)
         settings = ctx.settings
         try:
-            settings.workspace.mkdir(parents=True, exist_ok=True)
             result = await run_sandboxed(
                 argv,
-                sandbox=settings.sandbox,
-                cwd=settings.workspace,
+                settings=settings,
                 env=subprocess_env(settings.env_allowlist, self.spec.env),
-                writable=settings.writable_paths(),
-                readonly=settings.readonly_paths,
-                hidden=settings.masked_paths,
                 timeout_s=self.spec.timeout_s or settings.timeout_s,
-                max_output_bytes=settings.max_output_bytes,
             )
         except OSError as exc:
             raise ToolError(f"Error: could not start {self.spec.program}: {exc.strerror or exc}.") from None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.tools.sandbox import Sandbox
+from agent.tools.registry import ToolSettings
 
 # After the leader exits, how long background children may keep writing before the group is killed.
 _EXIT_GRACE_S = 0.5
@@ -225,20 +225,17 @@ def _kill_group(pgid: int) -> None:
 async def run_sandboxed(
     argv: Sequence[str],
     *,
-    sandbox: Sandbox,
-    cwd: Path,
+    settings: ToolSettings,
     env: Mapping[str, str],
-    writable: Sequence[Path],
-    readonly: Sequence[Path] = (),
-    hidden: Sequence[Path] = (),
     timeout_s: float,
-    max_output_bytes: int,
 ) -> ProcessResult:
-    """``run_process`` inside ``sandbox``; the sandbox and everything in it is gone when this returns."""
-    command = sandbox.wrap(argv, cwd=cwd, env=env, writable=writable, readonly=readonly, hidden=hidden)
+    """``run_process`` inside the tool sandbox of ``settings``; nothing it started outlives the call."""
+    settings.workspace.mkdir(parents=True, exist_ok=True)
+    command = settings.sandbox_command(argv, env)
     try:
         result = await run_process(
-            command.argv, cwd=command.cwd, env=command.env, timeout_s=timeout_s, max_output_bytes=max_output_bytes
+            command.argv, cwd=command.cwd, env=command.env, timeout_s=timeout_s,
+            max_output_bytes=settings.max_output_bytes,
         )
     finally:
         command.release()

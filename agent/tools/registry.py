@@ -14,7 +14,7 @@ import json
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError, ValidationError
 
-from agent.tools.sandbox import Sandbox
+from agent.tools.sandbox import Sandbox, SandboxCommand
 from agent.types import Category, ToolPolicy
 
 if TYPE_CHECKING:
@@ -62,6 +62,15 @@ class ToolSettings:
     def writable_paths(self) -> tuple[Path, ...]:
         """Where a tool process may write: the workspace and the allowed paths."""
         return (self.workspace, *self.allowed_paths)
+
+    def sandbox_command(self, argv: Sequence[str], env: Mapping[str, str]) -> SandboxCommand:
+        """``argv`` confined as every tool process is, started in the workspace: for one-shot
+        tools and long-lived ones (MCP stdio servers) alike. Exec ``.argv`` with ``.env`` in
+        ``.cwd`` in a new session; SIGKILL its process group to end it; then ``.release()``."""
+        return self.sandbox.wrap(
+            argv, cwd=self.workspace, env=env, writable=self.writable_paths(),
+            readonly=self.readonly_paths, hidden=self.masked_paths,
+        )
 
 
 @dataclass

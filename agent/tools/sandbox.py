@@ -18,10 +18,15 @@ gets its own cgroup with ``pids.max``.
 
 Use (``bash``, CLI tools, and long-lived stdio servers alike)::
 
-    sandbox = Sandbox.from_mode("auto", network=False, limits=ToolLimits(), hidden=[...])
+    cmd = ctx.settings.sandbox_command(argv, env)      # a session's paths and limits, or
     cmd = sandbox.wrap(argv, cwd=workdir, env=env, writable=[workdir], readonly=[...], hidden=[...])
-    # exec cmd.argv with env=cmd.env, cwd=cmd.cwd, start_new_session=True
-    # to end it: SIGKILL the process group of what was started, then cmd.release()
+    proc = await asyncio.create_subprocess_exec(*cmd.argv, env=cmd.env, cwd=cmd.cwd,
+                                                start_new_session=True, stdin=PIPE, stdout=PIPE)
+    # to end it: os.killpg(proc.pid, SIGKILL) (the whole sandbox goes), await proc.wait(),
+    # then cmd.release()
+
+The daemon builds one ``Sandbox`` at start (``Sandbox.from_mode``: probes bubblewrap
+once) and hands it to the tools in ``ToolSettings.sandbox``.
 
 ``wrap`` is a plain function of its inputs: it starts nothing and can be called
 from any thread. ``release`` removes the per-call cgroup (a no-op without one); call

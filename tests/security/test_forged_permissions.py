@@ -18,17 +18,7 @@ from scheduler.schedules import parse_every
 from scheduler.store import JobStore
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.integration.gateway_harness import running_daemon
-
-TOOLS_YAML = """\
-tools:
-  - name: deploy
-    description: Deploy a service (leaves a marker file in the workspace).
-    category: admin
-    cmd: touch
-    args: ["deployed-{{service}}"]
-    parameters:
-      service: {type: string, pattern: "^[a-z]+$", maxLength: 20}
-"""
+from tests.integration.test_gateway_approvals import TOOLS_YAML
 
 
 async def test_an_approval_written_into_the_store_does_not_count(
