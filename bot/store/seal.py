@@ -14,11 +14,14 @@ import hashlib
 import hmac
 from pathlib import Path
 
+import structlog
+
 from bot.config import BotdConfig
 from bot.store.embedded import STATE_DIR_NAME
 from bot.store.secret_files import read_or_create_secret
 
 DAEMON_KEY_FILE = "daemon.key"
+log = structlog.get_logger(__name__)
 
 
 class RecordSeal:
@@ -34,6 +37,10 @@ class RecordSeal:
         if cfg.security.secret is not None:
             return cls(cfg.security.secret.get_secret_value().encode())
         path = Path(cfg.workspace) / STATE_DIR_NAME / DAEMON_KEY_FILE
+        if cfg.redis.url:
+            # Replicas share the store; only a shared workspace also shares this generated key.
+            log.info("security.daemon_key_file", path=str(path),
+                     note="replicas that do not share this workspace need the same security.secret")
         return cls(read_or_create_secret(path).encode())
 
     def sign(self, *fields: str) -> str:
