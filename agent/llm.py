@@ -1,10 +1,14 @@
 """The OpenAI-compatible chat model: streaming, bounded retries, a deadline, clean cancellation.
 
 The ``openai`` package does the HTTP and SSE work; its own retries are off so that
-ours are bounded and visible: only failures *before* the response starts
-(429, 408/409, 5xx, connection errors) are retried, with exponential backoff or the
-server's Retry-After (capped), and never past the call's deadline. Once the stream has
-started a failure is final, since deltas may already have reached the chat.
+ours are bounded and visible: failures *before* the response starts (429, 408/409,
+5xx, connection errors, and after the 200 headers an error event, a disconnect or a
+stream that ends without a finish reason while no text has gone out) are retried, with
+exponential backoff or the server's Retry-After (capped), and never past the call's
+deadline. An answer with nothing in it (empty, only reasoning, a body that is no event
+stream) gets one retry. Once text has streamed out a failure is final, since deltas
+may already have reached the chat. A call without a finish reason never counts as an
+answer, so a cut answer's text is not kept and its tool calls never run.
 Cancelling the calling task closes the HTTP response, so the server sees the client go.
 
 The contract types live in ``agent.llm_types`` and are re-exported here.
@@ -54,6 +58,9 @@ log = structlog.get_logger(__name__)
 _RETRY_STATUSES = frozenset({408, 409, 429})
 _KEY_PATTERN = re.compile(r"\b(sk|xox[abpe]|Bearer)[- ][A-Za-z0-9_\-*.]{6,}")
 _MAX_DETAIL_CHARS = 200
+_CONTEXT_PATTERN = re.compile(
+    r"context[ _](length|window)|maximum context|too many tokens|prompt is too long|context too long", re.I
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,21 +146,36 @@ class LLMClient:
     ) -> LLMResponse:
         request = self._request(messages, tools)
         attempt = 0
+        empty_retried = False
         while True:
             attempt += 1
             try:
-                stream = await self._client.chat.completions.create(**request)
-                break
-            except openai.APIError as exc:
-                error = self._error(exc)
-                wait = self._wait_before_retry(attempt, exc, error, deadline)
+                return await self._attempt(request, messages, on_delta, attempt)
+            except LLMError as exc:
+                error = exc
+                wait = self._wait_before_retry(attempt, error, deadline, empty_retried)
                 if wait is None:
-                    log.warning("llm.failed", model=self.model, attempt=attempt, kind=error.kind, status=error.status)
-                    raise error from None
-            log.info("llm.retry", model=self.model, attempt=attempt, kind=error.kind, status=error.status, wait_s=wait)
+                    log.warning(
+                        "llm.failed", model=self.model, attempt=attempt, kind=error.kind, status=error.status,
+                        started=error.started, detail=error.message,
+                    )
+                    raise
+                empty_retried = empty_retried or error.kind == "empty"
+            log.info(
+                "llm.retry", model=self.model, attempt=attempt, kind=error.kind, status=error.status, wait_s=wait,
+                detail=error.message,
+            )
             self._report_retry(RetryInfo(attempt=attempt, wait_s=wait, error=error))
             await asyncio.sleep(wait)
 
+    async def _attempt(
+        self, request: dict[str, Any], messages: Sequence[Message], on_delta: DeltaCallback | None, attempt: int
+    ) -> LLMResponse:
+        """One request; a complete answer or an ``LLMError`` saying whether output had started."""
+        try:
+            stream = await self._client.chat.completions.create(**request)
+        except openai.APIError as exc:
+            raise self._error(exc) from None
         assembler = StreamAssembler()
         async with stream:  # closes the HTTP response on every exit, cancellation included
             chunks = stream.__aiter__()
@@ -163,22 +185,29 @@ class LLMClient:
                 except StopAsyncIteration:
                     break
                 except openai.APIError as exc:
-                    detail = self._detail(exc)
-                    raise LLMError(
-                        "The language model stream failed midway" + (f": {detail}" if detail else "."),
-                        kind="stream",
-                        retryable=True,
-                    ) from None
+                    raise self._stream_error(exc, assembler) from None
                 except ValueError:  # an SSE event whose data is not JSON
                     raise LLMError(
-                        "The language model sent a malformed stream.", kind="protocol", retryable=True
+                        "The language model sent a malformed stream (an event that is not JSON).",
+                        kind="protocol", retryable=True, started=assembler.started,
                     ) from None
                 for delta in assembler.feed(chunk):
                     if on_delta is not None:
                         await on_delta(delta)
+            content_type = stream.response.headers.get("content-type", "")
+        _check_finished(assembler, content_type)
         response = assembler.response(messages, attempts=attempt)
         response.model = response.model or self.model
         return response
+
+    def _stream_error(self, exc: openai.APIError, assembler: StreamAssembler) -> LLMError:
+        """A failure after the 200 headers: retryable only while no text has gone out."""
+        detail = self._detail(exc)
+        where = "midway" if assembler.started else "before the answer started"
+        return LLMError(
+            f"The language model stream failed {where}" + (f": {detail}" if detail else "."),
+            kind="stream", retryable=True, started=assembler.started,
+        )
 
     def _report_retry(self, info: RetryInfo) -> None:
         if self.on_retry is None:
@@ -213,15 +242,16 @@ class LLMClient:
             request["tools"] = tools
         return request
 
-    def _wait_before_retry(
-        self, attempt: int, exc: openai.APIError, error: LLMError, deadline: float
-    ) -> float | None:
-        """Seconds to wait before the next attempt, or None when there must be none."""
-        if not error.retryable or attempt > self.max_retries:
+    def _wait_before_retry(self, attempt: int, error: LLMError, deadline: float, empty_retried: bool) -> float | None:
+        """Seconds to wait before the next attempt, or None when there must be none: the
+        error is final, text already reached the caller, the budget or the deadline is
+        spent, or an answer came back empty a second time."""
+        if not error.retryable or error.started or attempt > self.max_retries:
             return None
-        hinted = retry_after_s(exc)
-        if hinted is not None:
-            wait = min(hinted, self.retry_cap_s)
+        if error.kind == "empty" and empty_retried:
+            return None
+        if error.retry_after_s is not None:
+            wait = min(error.retry_after_s, self.retry_cap_s)
         else:
             wait = min(self.retry_cap_s, self.retry_base_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
         if time.monotonic() + wait >= deadline:
@@ -229,7 +259,7 @@ class LLMClient:
         return wait
 
     def _error(self, exc: openai.APIError) -> LLMError:
-        """A user-safe ``LLMError`` for a failure before the stream started."""
+        """The ``LLMError`` for a failure before the stream started, with the operator's detail."""
         if isinstance(exc, openai.APITimeoutError):
             return LLMError("The language model request timed out.", kind="timeout", retryable=True)
         if isinstance(exc, openai.APIConnectionError):
@@ -237,14 +267,17 @@ class LLMClient:
         status = getattr(exc, "status_code", None)
         if not isinstance(status, int):
             return LLMError("The language model sent an unexpected response.", kind="protocol", retryable=True)
+        detail = self._detail(exc)
+        said = f": {detail}" if detail else "."
         if status == 429:
             return LLMError(
-                "The language model is rate-limited (HTTP 429); try again shortly.",
-                kind="rate_limit", retryable=True, status=status,
+                f"The language model is rate-limited (HTTP 429){said}",
+                kind="rate_limit", retryable=True, status=status, retry_after_s=retry_after_s(exc),
             )
         if status >= 500 or status in _RETRY_STATUSES:
             return LLMError(
-                f"The language model service had an error (HTTP {status}).", kind="server", retryable=True, status=status
+                f"The language model service had an error (HTTP {status}){said}",
+                kind="server", retryable=True, status=status, retry_after_s=retry_after_s(exc),
             )
         if status in (401, 403):
             return LLMError(
@@ -256,10 +289,9 @@ class LLMClient:
                 "The language model endpoint or model was not found (HTTP 404); check llm.base_url and llm.model.",
                 kind="not_found", retryable=False, status=status,
             )
-        detail = self._detail(exc)
         return LLMError(
-            f"The language model rejected the request (HTTP {status})" + (f": {detail}" if detail else "."),
-            kind="bad_request", retryable=False, status=status,
+            f"The language model rejected the request (HTTP {status}){said}",
+            kind="bad_request", retryable=False, status=status, context_exceeded=_context_exceeded(exc, detail),
         )
 
     def _detail(self, exc: openai.APIError) -> str:
@@ -274,6 +306,34 @@ class LLMClient:
         if not isinstance(message, str) or not message.strip():
             return ""
         return redact(message.strip(), self._secret)[:_MAX_DETAIL_CHARS]
+
+
+def _check_finished(assembler: StreamAssembler, content_type: str) -> None:
+    """Raise unless the stream was a whole answer: a finish reason, and something in it."""
+    if assembler.finish_reason is None:
+        if not assembler.answered:
+            raise LLMError(
+                f"The language model sent no answer ({assembler.chunks} events, content type "
+                f"{content_type or 'none'!r}, no finish_reason).",
+                kind="empty", retryable=True, started=assembler.started,
+            )
+        raise LLMError(
+            f"The language model stream ended without a finish_reason after {assembler.chunks} events (cut off).",
+            kind="incomplete", retryable=True, started=assembler.started,
+        )
+    if not assembler.answered and assembler.finish_reason not in ("length", "content_filter"):
+        raise LLMError(
+            f"The language model finished ({assembler.finish_reason!r}) with no text and no tool call.",
+            kind="empty", retryable=True, started=assembler.started,
+        )
+
+
+def _context_exceeded(exc: openai.APIError, detail: str) -> bool:
+    """Whether a 400 says the conversation is longer than the model's context."""
+    code = getattr(exc, "code", None)
+    if code == "context_length_exceeded":
+        return True
+    return bool(_CONTEXT_PATTERN.search(detail))
 
 
 def redact(text: str, secret: str = "") -> str:

@@ -2,13 +2,16 @@
 
 Providers differ in small ways: tool-call deltas usually carry an ``index`` but some
 omit it (a delta without one continues the last call unless it brings a new id),
-some restart the index for every call, and reasoning arrives under different names
-(``reasoning_content``, ``reasoning``, ``thinking``, …) as extra fields of the delta.
+some restart the index for every call, some send each call whole in one delta, some
+send ``arguments`` as a JSON object rather than a string, some reuse call ids, and
+reasoning arrives under different names (``reasoning_content``, ``reasoning``,
+``thinking``, …) as extra fields of the delta, as a string or a ``{"text": …}`` object.
 This module absorbs those differences so the client and the loop see one shape.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -41,6 +44,8 @@ class StreamAssembler:
         self.finish_reason: str | None = None
         self.model = ""
         self.chunks = 0
+        # True once visible text has been handed out: a retry would then show a second answer.
+        self.started = False
 
     @property
     def text(self) -> str:
@@ -58,7 +63,7 @@ class StreamAssembler:
         if usage is not None:
             self._usage = usage
         deltas: list[StreamDelta] = []
-        for choice in _get(chunk, "choices") or ():
+        for choice in _list_of(_get(chunk, "choices")):
             if (_get(choice, "index") or 0) != 0:
                 continue
             finish = _get(choice, "finish_reason")
@@ -72,11 +77,12 @@ class StreamAssembler:
                 self._reasoning.append(reasoning)
                 deltas.append(StreamDelta("reasoning", reasoning))
             for key in ("content", "refusal"):
-                piece = _get(delta, key)
-                if isinstance(piece, str) and piece:
+                piece = _text_of(_get(delta, key))
+                if piece:
                     self._text.append(piece)
+                    self.started = True
                     deltas.append(StreamDelta("text", piece))
-            for call_delta in _get(delta, "tool_calls") or ():
+            for call_delta in _list_of(_get(delta, "tool_calls")):
                 self._feed_call(call_delta)
         return deltas
 
@@ -84,9 +90,10 @@ class StreamAssembler:
         index = _get(delta, "index")
         call_id = _get(delta, "id") or ""
         function = _get(delta, "function")
-        name = (_get(function, "name") or "") if function is not None else ""
-        arguments = (_get(function, "arguments") or "") if function is not None else ""
-        parts = self._target(index if isinstance(index, int) else None, call_id)
+        name = _get(function, "name") if function is not None else None
+        name = name if isinstance(name, str) else ""
+        arguments = _arguments_text(_get(function, "arguments") if function is not None else None)
+        parts = self._target(index if isinstance(index, int) else None, call_id, name, arguments)
         if call_id and not parts.id:
             parts.id = call_id
         if name and name != parts.name:
@@ -94,31 +101,37 @@ class StreamAssembler:
         if arguments:
             parts.arguments.append(arguments)
 
-    def _target(self, index: int | None, call_id: str) -> _CallParts:
-        """The call a delta belongs to, starting a new one where the delta says so."""
-        last = self._calls[-1] if self._calls else None
-        if index is None:
-            if last is not None and not (call_id and last.id and call_id != last.id):
-                return last
-        else:
-            known = self._by_index.get(index)
-            if known is not None and not (call_id and known.id and call_id != known.id):
-                return known
+    def _target(self, index: int | None, call_id: str, name: str, arguments: str) -> _CallParts:
+        """The call a delta belongs to, starting a new one where the delta says so: a
+        different id, or a name arriving after the call's arguments were already whole."""
+        known = (self._calls[-1] if self._calls else None) if index is None else self._by_index.get(index)
+        same_id = not (call_id and known is not None and known.id and call_id != known.id)
+        if known is not None and same_id and not _starts_another(known, name, arguments):
+            return known
         parts = _CallParts()
         self._calls.append(parts)
         if index is not None:
             self._by_index[index] = parts
         return parts
 
-    def tool_calls(self) -> list[ToolCall]:
-        """The finished calls; a call without an id gets one so results can pair with it."""
+    def tool_calls(self, taken: set[str] | None = None) -> list[ToolCall]:
+        """The finished calls. A call without an id, or with one already used (in this
+        answer or in ``taken``), gets a fresh one so every result pairs with one call."""
+        used = set(taken or ())
         out: list[ToolCall] = []
         for parts in self._calls:
             arguments = "".join(parts.arguments)
             if not parts.name and not arguments:
                 continue
-            out.append(ToolCall(id=parts.id or f"call_{uuid.uuid4().hex[:24]}", name=parts.name, arguments=arguments))
+            call_id = parts.id if parts.id and parts.id not in used else f"call_{uuid.uuid4().hex[:24]}"
+            used.add(call_id)
+            out.append(ToolCall(id=call_id, name=parts.name, arguments=arguments))
         return out
+
+    @property
+    def answered(self) -> bool:
+        """Whether anything usable came: text or a tool call (reasoning alone is no answer)."""
+        return bool(self.text.strip()) or any(p.name or p.arguments for p in self._calls)
 
     def usage(self, prompt: Sequence[Message]) -> Usage:
         """The API's usage when it sent one, else the estimate (4 chars/token + 16/message)."""
@@ -132,10 +145,11 @@ class StreamAssembler:
         )
 
     def response(self, prompt: Sequence[Message], *, attempts: int = 1) -> LLMResponse:
+        taken = {c.id for m in prompt for c in m.tool_calls or ()}
         return LLMResponse(
             text=self.text,
             reasoning=self.reasoning,
-            tool_calls=self.tool_calls(),
+            tool_calls=self.tool_calls(taken),
             usage=self.usage(prompt),
             finish_reason=self.finish_reason,
             model=self.model,
@@ -157,9 +171,51 @@ def _get(obj: Any, key: str) -> Any:
     return value
 
 
+def _list_of(value: Any) -> list[Any]:
+    """``value`` if it is a list, else nothing (a junk field never breaks the stream)."""
+    return value if isinstance(value, list) else []
+
+
 def _reasoning_of(delta: Any) -> str:
     for key in REASONING_FIELDS:
-        value = _get(delta, key)
-        if isinstance(value, str) and value:
+        value = _text_of(_get(delta, key))
+        if value:
             return value
     return ""
+
+
+def _text_of(value: Any) -> str:
+    """Text from a string, a ``{"text"|"content": …}`` object, or a list of such parts."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict):
+        inner = value.get("text", value.get("content"))
+        return inner if isinstance(inner, str) else ""
+    if isinstance(value, list):
+        return "".join(_text_of(part) for part in value)
+    return ""
+
+
+def _arguments_text(value: Any) -> str:
+    """Tool-call arguments as the JSON string the history keeps; some servers send an object."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict | list):
+        return json.dumps(value, ensure_ascii=False)
+    return ""
+
+
+def _starts_another(parts: _CallParts, name: str, arguments: str) -> bool:
+    """A named delta after a call whose arguments already form a whole JSON value is the
+    next call (servers that send calls whole, without index or with a reused id);
+    a repeated name with no arguments, or argument pieces, continue the call."""
+    if not name or not parts.name or not parts.arguments or (name == parts.name and not arguments):
+        return False
+    last = next((p for p in reversed(parts.arguments) if p.strip()), "")
+    if not last.rstrip().endswith(("}", "]")):  # cheap: most pieces cannot end a JSON value
+        return False
+    try:
+        json.loads("".join(parts.arguments))
+    except (ValueError, RecursionError):
+        return False
+    return True

@@ -14,8 +14,10 @@ from typing import Any, Literal, Protocol
 
 from agent.types import Message, ToolCall, Usage
 
+# "incomplete": the answer ended without a finish reason (cut); "empty": no answer at all.
 LLMErrorKind = Literal[
-    "rate_limit", "server", "connection", "timeout", "auth", "not_found", "bad_request", "stream", "protocol"
+    "rate_limit", "server", "connection", "timeout", "auth", "not_found", "bad_request", "stream", "protocol",
+    "incomplete", "empty",
 ]
 
 
@@ -32,7 +34,8 @@ DeltaCallback = Callable[[StreamDelta], Awaitable[None]]
 
 @dataclass
 class LLMResponse:
-    """One complete model answer."""
+    """One complete model answer: ``finish_reason`` is always set (``length`` and
+    ``content_filter`` answers are complete calls whose text may be cut)."""
 
     text: str = ""
     reasoning: str = ""
@@ -44,21 +47,43 @@ class LLMResponse:
 
 
 class LLMError(Exception):
-    """A model call that failed for good; ``str(err)`` is safe to show a user.
+    """A model call that failed for good.
 
+    ``str(err)`` is the operator's detail (status, config key, the server's words with
+    anything key-like masked): for logs, traces and ``botd doctor``, not for a chat;
+    ``agent.notices.failure_notice`` turns an error into what a chat user is told.
     ``kind`` says what went wrong, ``retryable`` whether trying again later may help,
-    ``status`` is the HTTP status when there was one. Never carries the API key.
+    ``status`` is the HTTP status when there was one, ``retry_after_s`` the server's
+    requested wait, ``started`` whether visible text had already streamed out (then a
+    retry would show the user a second answer), ``context_exceeded`` whether the
+    request was refused for being longer than the model's context.
     """
 
-    def __init__(self, message: str, *, kind: LLMErrorKind, retryable: bool, status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        kind: LLMErrorKind,
+        retryable: bool,
+        status: int | None = None,
+        retry_after_s: float | None = None,
+        started: bool = False,
+        context_exceeded: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.kind: LLMErrorKind = kind
         self.retryable = retryable
         self.status = status
+        self.retry_after_s = retry_after_s
+        self.started = started
+        self.context_exceeded = context_exceeded
 
     def __repr__(self) -> str:
-        return f"LLMError({self.message!r}, kind={self.kind!r}, retryable={self.retryable}, status={self.status})"
+        return (
+            f"LLMError({self.message!r}, kind={self.kind!r}, retryable={self.retryable}, status={self.status}, "
+            f"started={self.started})"
+        )
 
 
 class ChatModel(Protocol):

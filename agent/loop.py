@@ -4,6 +4,10 @@ The loop is stateless over a message list: it gets the conversation so far and
 returns only the messages the run added, so the caller decides how and where to
 store them. Whatever happens — tool failures, model failures, cancellation — the
 returned messages form a valid history: every assistant tool call has a result.
+A failed model call adds nothing (its partial text was never an answer); an answer cut
+at the output limit or filtered is kept, shown with a notice, and its calls never run.
+``RunResult.error`` of a failed run is the text for the chat user (``agent.notices``);
+the operator's detail goes to the log.
 """
 
 from __future__ import annotations
@@ -16,10 +20,26 @@ from typing import Any
 
 import structlog
 
+from agent import notices
 from agent.llm_types import ChatModel, LLMError, LLMResponse, StreamDelta
 from agent.tools.policy import authorize
 from agent.tools.registry import ApprovalCallback, ToolContext, ToolError, ToolOutput, ToolRegistry
-from agent.types import AgentEvent, Message, RunResult, RunStatus, ToolCall, Usage
+from agent.types import (
+    AgentEvent,
+    ChunkEvent,
+    Message,
+    ReasoningEvent,
+    RunCancelledEvent,
+    RunCompletedEvent,
+    RunFailedEvent,
+    RunResult,
+    RunStartedEvent,
+    RunStatus,
+    ToolCall,
+    ToolCallEvent,
+    ToolResultEvent,
+    Usage,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -99,6 +119,8 @@ class _Run:
         self.approve = approve
         self.usage = Usage()
         self.iterations = 0
+        # The finish reason that cut the final answer short ("length", "content_filter"), if any.
+        self.cut_reason: str | None = None
         # While a model call streams: what has arrived so far (kept if the run is cancelled).
         self.streaming = False
         self.partial_text: list[str] = []
@@ -111,12 +133,15 @@ class _Run:
 
     async def run(self, max_iterations: int) -> RunResult:
         try:
-            await self.emit(AgentEvent(type="run.started", run_id=self.run_id))
+            await self.emit(RunStartedEvent(run_id=self.run_id))
             result = await self._execute(max_iterations)
+            summary = _summary(result)
+            if self.cut_reason is not None:
+                summary["finish_reason"] = self.cut_reason
             if result.status == "failed":
-                await self.emit(AgentEvent(type="run.failed", run_id=self.run_id, error=result.error, data=_summary(result)))
+                await self.emit(RunFailedEvent(run_id=self.run_id, error=result.error, data=summary))
             else:
-                await self.emit(AgentEvent(type="run.completed", run_id=self.run_id, text=result.text, data=_summary(result)))
+                await self.emit(RunCompletedEvent(run_id=self.run_id, text=result.text, data=summary))
             return result
         except asyncio.CancelledError:
             result = await self._close_cancelled()
@@ -126,20 +151,23 @@ class _Run:
         try:
             return await self._iterate(max_iterations)
         except LLMError as exc:
+            # The failed call's partial text is not kept: it was never a whole answer.
             self.streaming = False
-            self.log.warning("agent.llm_failed", kind=exc.kind, status=exc.status, error=str(exc))
-            return self._result("failed", error=str(exc))
+            self.log.warning("agent.llm_failed", kind=exc.kind, status=exc.status, started=exc.started, error=str(exc))
+            return self._result("failed", error=notices.failure_notice(exc))
         except Exception as exc:  # a bug somewhere below; the run fails, the process lives on
             self.streaming = False
             self.log.exception("agent.run_crashed", error_type=type(exc).__name__)
             self._close_open_calls(f"Error: the run failed ({type(exc).__name__}).")
-            return self._result("failed", error=f"Internal error ({type(exc).__name__}).")
+            return self._result("failed", error=notices.INTERNAL_ERROR)
 
     async def _iterate(self, max_iterations: int) -> RunResult:
         schemas = self.tools.schemas() or None
         for _ in range(max_iterations):
             await self._take_steered()
             response = await self._call_model(self.history, schemas)
+            if response.finish_reason in notices.CUT_NOTICES:
+                return self._cut_short(response)
             self._append(
                 Message(
                     role="assistant",
@@ -152,6 +180,22 @@ class _Run:
                 return self._result("completed", text=response.text)
             await self._run_tools(response.tool_calls)
         return await self._summarize()
+
+    def _cut_short(self, response: LLMResponse) -> RunResult:
+        """An answer the model stopped early (output limit) or the provider filtered:
+        what came is kept and shown with a notice; its tool calls, whose arguments may
+        be cut, never run."""
+        reason = response.finish_reason or ""
+        notice = notices.CUT_NOTICES[reason]
+        self.cut_reason = reason
+        self.log.warning(
+            "agent.answer_cut", finish_reason=reason, text_chars=len(response.text),
+            dropped_tool_calls=len(response.tool_calls),
+        )
+        if response.text.strip():
+            self._append(Message(role="assistant", content=response.text, reasoning=response.reasoning or None))
+        text = f"{response.text.rstrip()}\n\n{notice}" if response.text.strip() else notice
+        return self._result("completed", text=text)
 
     async def _summarize(self) -> RunResult:
         """At the cap: one last call without tools asking for a summary, else the fixed text."""
@@ -194,10 +238,10 @@ class _Run:
     async def _on_delta(self, delta: StreamDelta) -> None:
         if delta.kind == "text":
             self.partial_text.append(delta.text)
-            await self.emit(AgentEvent(type="chunk", run_id=self.run_id, text=delta.text))
+            await self.emit(ChunkEvent(run_id=self.run_id, text=delta.text))
         else:
             self.partial_reasoning.append(delta.text)
-            await self.emit(AgentEvent(type="reasoning", run_id=self.run_id, text=delta.text))
+            await self.emit(ReasoningEvent(run_id=self.run_id, text=delta.text))
 
     # -- tools ----------------------------------------------------------------------
     async def _run_tools(self, calls: list[ToolCall]) -> None:
@@ -215,13 +259,12 @@ class _Run:
 
     async def _run_tool(self, call: ToolCall, results: list[Message | None], index: int) -> None:
         started = time.monotonic()
-        await self.emit(AgentEvent(type="tool.call", run_id=self.run_id, tool_call=call))
+        await self.emit(ToolCallEvent(run_id=self.run_id, tool_call=call))
         output = await self._execute_tool(call)
         result = Message.tool(call.id, output.content, is_error=output.is_error)
         results[index] = result
         await self.emit(
-            AgentEvent(
-                type="tool.result",
+            ToolResultEvent(
                 run_id=self.run_id,
                 tool_call=call,
                 tool_result=result,
@@ -287,12 +330,12 @@ class _Run:
         try:
             for call, message in cancelled:
                 await self.emit(
-                    AgentEvent(
-                        type="tool.result", run_id=self.run_id, tool_call=call, tool_result=message,
+                    ToolResultEvent(
+                        run_id=self.run_id, tool_call=call, tool_result=message,
                         error=CANCELLED_TOOL_RESULT,
                     )
                 )
-            await self.emit(AgentEvent(type="run.cancelled", run_id=self.run_id, text=partial, data=_summary(result)))
+            await self.emit(RunCancelledEvent(run_id=self.run_id, text=partial, data=_summary(result)))
         except asyncio.CancelledError:
             self.log.warning("agent.cancel_events_interrupted")
         self.log.info("agent.run_cancelled", iterations=self.iterations, messages=len(self.new))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,16 +17,8 @@ PromptMode = Literal["full", "minimal"]
 Category = Literal["read", "write", "admin"]
 Role = Literal["system", "user", "assistant", "tool"]
 RunStatus = Literal["completed", "failed", "cancelled", "max_iterations"]
-EventType = Literal[
-    "run.started",
-    "chunk",
-    "reasoning",
-    "tool.call",
-    "tool.result",
-    "run.completed",
-    "run.failed",
-    "run.cancelled",
-]
+# Did a run's answer reach the chat? Shared by the gateway's outcomes and the scheduler's ledger.
+DeliveryStatus = Literal["delivered", "silent", "failed", "unknown"]
 
 
 def new_id() -> str:
@@ -48,6 +40,32 @@ class ToolPolicy(BaseModel):
     allow: tuple[Category, ...] = ()
 
 
+class TelegramChat(BaseModel):
+    """What the Telegram channel needs to answer in a chat (it replies to the trigger
+    only outside private chats)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    platform: Literal["telegram"] = "telegram"
+    chat_type: str  # private, group, supergroup or channel (as Telegram says)
+    is_forum: bool = False
+
+
+class SlackChat(BaseModel):
+    """The Slack workspace and kind of conversation a request came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    platform: Literal["slack"] = "slack"
+    team: str
+    scope: Literal["dm", "channel"]
+
+
+# Platform facts about the chat, chosen by the channel that built the request and handed
+# back to it with the reply's Target (channels.base.Target).
+ChatRef = Annotated[TelegramChat | SlackChat, Field(discriminator="platform")]
+
+
 class RunRequest(BaseModel):
     """One unit of work for the gateway: a chat message, a heartbeat or a cron fire."""
 
@@ -66,7 +84,8 @@ class RunRequest(BaseModel):
     tool_policy: ToolPolicy = Field(default_factory=ToolPolicy)
     received_at: float = Field(default_factory=time.time)
     dedupe_key: str | None = None
-    # Free-form adapter data the gateway hands back to the channel (e.g. Slack team id).
+    chat: ChatRef | None = None
+    # Scheduling facts for the daemon (job_id, fire_time, trigger, fresh_session, timeout_s).
     meta: dict[str, str] = Field(default_factory=dict)
 
 
@@ -162,17 +181,74 @@ class Usage(BaseModel):
         )
 
 
-class AgentEvent(BaseModel):
-    """Something that happened during a run, streamed to the reply path and traces."""
-
-    type: EventType
+class _Event(BaseModel):
     run_id: str = ""
-    text: str = ""
-    tool_call: ToolCall | None = None
-    tool_result: Message | None = None
+
+
+class RunStartedEvent(_Event):
+    type: Literal["run.started"] = "run.started"
+
+
+class ChunkEvent(_Event):
+    """A delta of the answer's text, as the model streams it."""
+
+    type: Literal["chunk"] = "chunk"
+    text: str
+
+
+class ReasoningEvent(_Event):
+    """A delta of the model's reasoning (kept out of chats)."""
+
+    type: Literal["reasoning"] = "reasoning"
+    text: str
+
+
+class ToolCallEvent(_Event):
+    type: Literal["tool.call"] = "tool.call"
+    tool_call: ToolCall
+
+
+class ToolResultEvent(_Event):
+    """A tool call finished (or was cancelled); ``error`` is set when it failed."""
+
+    type: Literal["tool.result"] = "tool.result"
+    tool_call: ToolCall
+    tool_result: Message
     duration_ms: float | None = None
     error: str | None = None
+
+
+class RunCompletedEvent(_Event):
+    type: Literal["run.completed"] = "run.completed"
+    text: str = ""
     data: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunFailedEvent(_Event):
+    type: Literal["run.failed"] = "run.failed"
+    error: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class RunCancelledEvent(_Event):
+    type: Literal["run.cancelled"] = "run.cancelled"
+    text: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+# Something that happened during a run, streamed to the reply path and traces: one class
+# per ``type``, so a consumer matches on the class and every field it reads is there.
+AgentEvent = Annotated[
+    RunStartedEvent
+    | ChunkEvent
+    | ReasoningEvent
+    | ToolCallEvent
+    | ToolResultEvent
+    | RunCompletedEvent
+    | RunFailedEvent
+    | RunCancelledEvent,
+    Field(discriminator="type"),
+]
 
 
 class RunResult(BaseModel):

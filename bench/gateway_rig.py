@@ -185,7 +185,7 @@ class Bench:
         result = await self.gateway.submit(req)
         if result.status != "queued":
             raise RuntimeError(f"submit was not accepted: {result}")
-        worker = self.gateway._workers.get(req.session_key)  # peeks at the gateway, for "to idle"
+        worker = self.gateway.workers.tasks.get(req.session_key)  # peeks at the gateway, for "to idle"
         delivered = await asyncio.wait_for(reply, 300)
         if not wait_idle:
             return delivered - started, float("nan")
@@ -200,7 +200,7 @@ class Bench:
         while self.gateway.busy_locally():
             if time.perf_counter() > deadline:
                 stuck = [{"session": key, "awaiting": coro_stack(task.get_coro())}
-                         for key, task in list(self.gateway._workers.items())]
+                         for key, task in list(self.gateway.workers.tasks.items())]
                 print(f"WARNING: {len(stuck)} worker(s) still busy after {timeout_s:g} s; first: "
                       f"{stuck[0]['session']}\n  " + "\n  ".join(stuck[0]["awaiting"]), file=sys.stderr, flush=True)
                 return stuck

@@ -36,7 +36,7 @@ async def part_stop(b: Bench, trials: int) -> dict[str, Any]:
                 req = chat_request(chat_id, "tell me a long story")
                 shown = b.channel.expect_preview(req.run_id)
                 await b.gateway.submit(req)
-                worker = b.gateway._workers.get(req.session_key)
+                worker = b.gateway.workers.tasks.get(req.session_key)
                 await asyncio.wait_for(shown, 30)
                 await asyncio.sleep(0.05)  # mid-stream
                 notice = b.channel.expect(chat_id, "notice")

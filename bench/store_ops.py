@@ -30,7 +30,8 @@ from typing import Any
 
 from agent.types import Message, ToolCall
 from bot.config import RedisConfig
-from bot.store import Deduper, RedisHandle, RedisKeyValue, SessionLock, SessionStore, open_redis
+from bot.gateway.inbox import Deduper
+from bot.store import RedisHandle, RedisKeyValue, SessionLock, SessionStore, open_redis
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "bench" / "store_ops.json"

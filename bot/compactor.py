@@ -33,13 +33,12 @@ log = structlog.get_logger(__name__)
 
 # Longer than the flush (90 s) and the summary (120 s) together, with room for the store.
 LOCK_TTL_S: Final[float] = 300.0
-LOCK_FAMILY: Final[str] = "compaction"
 EXPECTED_FAILURES: Final = (LLMError, CompactionError, RedisError, OSError)
 
 
 def compaction_lock_key(keys: Keys, session_key: str) -> str:
     """``<prefix>:compaction:<session_key>``: held while one compaction of the session runs."""
-    return keys.key(LOCK_FAMILY, session_key)
+    return keys.compaction(session_key)
 
 
 class SessionCompactor:

@@ -24,8 +24,6 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from scheduler.durations import parse_duration
-
 # Plain environment names honoured besides BOTD_…__… (name -> (section, key)).
 PLAIN_ENV: dict[str, tuple[str, str]] = {
     "OPENAI_API_KEY": ("llm", "api_key"),
@@ -48,7 +46,7 @@ class _Section(BaseModel):
 
 class AgentConfig(_Section):
     id: str = Field("main", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    workspace: Path = Path("./workspace")
+    workspace: Path = Path("~/.botd/workspace")
     max_iterations: int = Field(20, ge=1, le=200)
     history_turns: int = Field(50, ge=1)
     max_message_chars: int = Field(32768, ge=256)
@@ -84,7 +82,7 @@ class TelegramConfig(_Section):
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
     webhook_path: str = "/telegram"
-    dm_policy: Literal["allowlist", "open"] = "allowlist"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: list[str] = Field(default_factory=list)
     groups: list[str] = Field(default_factory=list)
     require_mention: bool = True
@@ -113,6 +111,7 @@ class SlackConfig(_Section):
     mode: Literal["socket", "http"] = "socket"
     api_base_url: str | None = None
     events_path: str = "/slack/events"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: list[str] = Field(default_factory=list)
     channels: list[str] = Field(default_factory=list)
     require_mention: bool = True
@@ -216,38 +215,26 @@ class HeartbeatConfig(_Section):
     target: TargetConfig = Field(default_factory=TargetConfig)
     prompt: str | None = None
 
-    @field_validator("every")
-    @classmethod
-    def _every(cls, value: str) -> str:
-        if parse_duration(value) < 300:
-            raise ValueError("must be at least 5m")
-        return value
+    @model_validator(mode="after")
+    def _check(self) -> HeartbeatConfig:
+        # One set of rules: the scheduler's own settings check every, timezone and
+        # active_hours (the same code that later uses them); here they run at load time.
+        from scheduler.settings import HeartbeatSettings
 
-    @field_validator("timezone")
-    @classmethod
-    def _tz(cls, value: str) -> str:
-        return _check_timezone(value)
-
-    @field_validator("active_hours")
-    @classmethod
-    def _hours(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        import re
-
-        if not re.fullmatch(r"([01]\d|2[0-4]):[0-5]\d-([01]\d|2[0-4]):[0-5]\d", value.strip()):
-            raise ValueError('must look like "09:00-22:00"')
-        return value.strip()
+        HeartbeatSettings.from_config(self, enabled=False)
+        return self
 
 
 class SchedulerConfig(_Section):
     timezone: str = "UTC"
     catch_up: Literal["once", "skip"] = "once"
 
-    @field_validator("timezone")
-    @classmethod
-    def _tz(cls, value: str) -> str:
-        return _check_timezone(value)
+    @model_validator(mode="after")
+    def _check(self) -> SchedulerConfig:
+        from scheduler.settings import SchedulerSettings
+
+        SchedulerSettings.from_config(self)
+        return self
 
 
 class LogConfig(_Section):
@@ -275,6 +262,8 @@ class BotdConfig(BaseSettings):
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    # The file this config was read from (None: defaults and environment only).
+    _source: Path | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(
@@ -288,12 +277,13 @@ class BotdConfig(BaseSettings):
         # init carries the merged YAML + plain env names (see load_config); BOTD_ env wins.
         return (env_settings, init_settings)
 
-    _config_file: Path | None = PrivateAttr(None)
-
     @property
-    def config_file(self) -> Path | None:
-        """The YAML file this config was read from (tools must never see it)."""
-        return self._config_file
+    def source(self) -> Path | None:
+        return self._source
+
+    @source.setter
+    def source(self, path: Path | None) -> None:
+        self._source = path
 
     @property
     def workspace(self) -> Path:
@@ -304,6 +294,10 @@ class BotdConfig(BaseSettings):
             return [self.workspace, Path("/tmp/botd")]
         return [p.expanduser() for p in self.security.allowed_paths]
 
+    def cli_tools_path(self) -> Path | None:
+        path = self.security.cli_tools_file
+        return path.expanduser() if path is not None else None
+
 
 def _string_list(value: Any) -> Any:
     if isinstance(value, str):
@@ -313,25 +307,28 @@ def _string_list(value: Any) -> Any:
     return value
 
 
-def _check_timezone(value: str) -> str:
-    from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+HOME_DIR = Path("~/.botd")  # botd's own directory: the config `botd init` writes, the workspace
 
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError) as exc:
-        raise ValueError(f"unknown IANA timezone {value!r}") from exc
-    return value
+
+def home_config() -> Path:
+    return (HOME_DIR / "botd.yaml").expanduser()
 
 
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """``--config``, else ``$BOTD_CONFIG``, else ``./botd.yaml`` when present."""
+    """``--config``, else ``$BOTD_CONFIG``, else ``./botd.yaml``, else ``~/.botd/botd.yaml`` when present.
+
+    The home file comes last so a project directory can carry its own config, and every
+    command run anywhere else finds the same one (and so the same store).
+    """
     if explicit:
-        return Path(explicit)
+        return Path(explicit).expanduser()
     env = os.environ.get("BOTD_CONFIG")
     if env:
-        return Path(env)
-    default = Path("botd.yaml")
-    return default if default.is_file() else None
+        return Path(env).expanduser()
+    for candidate in (Path("botd.yaml"), home_config()):
+        if candidate.is_file():
+            return candidate.absolute()
+    return None
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
@@ -343,6 +340,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
             loaded = yaml.safe_load(resolved.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(f"config file not found: {resolved}") from exc
+        except IsADirectoryError as exc:
+            raise ConfigError(f"config file {resolved} is a directory") from exc
+        except PermissionError as exc:
+            raise ConfigError(f"config file {resolved} is not readable by this user") from exc
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {resolved} is not valid YAML: {exc}") from exc
         if loaded is None:
@@ -350,6 +351,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {resolved} must be a mapping of sections")
         data = loaded
+        _anchor_relative_paths(data, resolved.absolute().parent)
     for env_name, (section, key) in PLAIN_ENV.items():
         value = os.environ.get(env_name)
         if value:
@@ -361,9 +363,22 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
         cfg = BotdConfig(**data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
-    if resolved is not None:
-        cfg._config_file = resolved.expanduser().resolve()
+    cfg.source = resolved.absolute() if resolved is not None else None
     return cfg
+
+
+# Paths in a config file are relative to the file, not to wherever a command happens to run.
+_FILE_RELATIVE_PATHS = (("agent", "workspace"), ("security", "cli_tools_file"))
+
+
+def _anchor_relative_paths(data: dict[str, Any], base: Path) -> None:
+    for section, key in _FILE_RELATIVE_PATHS:
+        sect = data.get(section)
+        if not isinstance(sect, dict):
+            continue
+        value = sect.get(key)
+        if isinstance(value, str) and value and not value.startswith("~") and not Path(value).is_absolute():
+            sect[key] = str(base / value)
 
 
 def format_validation_error(exc: ValidationError) -> str:
@@ -372,5 +387,6 @@ def format_validation_error(exc: ValidationError) -> str:
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"] if p not in ("function-after",)) or "(config)"
         msg = err["msg"].removeprefix("Value error, ")
-        lines.append(f"config error: {loc}: {msg}")
+        # A section-level check names its own key ("heartbeat.every: ..."): say it once.
+        lines.append(f"config error: {msg}" if msg.startswith(f"{loc}.") else f"config error: {loc}: {msg}")
     return "\n".join(lines)

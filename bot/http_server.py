@@ -16,6 +16,10 @@ log = structlog.get_logger(__name__)
 ReadinessFn = Callable[[], Awaitable[dict[str, bool]]]
 
 
+class ListenError(Exception):
+    """The HTTP port cannot be bound (already in use, not permitted); phrased for the operator."""
+
+
 class HttpServer:
     def __init__(
         self, host: str, port: int, max_body_bytes: int, readiness: ReadinessFn,
@@ -39,7 +43,15 @@ class HttpServer:
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.stop()
+            reason = exc.strerror or str(exc)
+            raise ListenError(
+                f"cannot listen on {self._host}:{self._port}: {reason} "
+                "(is another botd running? set http.port to a free port)"
+            ) from None
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._port

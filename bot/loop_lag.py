@@ -7,8 +7,8 @@ import time
 
 import structlog
 
+from agent.tasks import stop_task
 from bot import metrics
-from bot.tasks import stop_task
 
 log = structlog.get_logger(__name__)
 

@@ -15,6 +15,11 @@ LLM_SECONDS = Histogram(
     "botd_llm_call_duration_seconds", "One LLM call.", ["model", "outcome"], registry=REGISTRY,
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
+LLM_PROBLEMS = Counter(
+    "botd_llm_problems_total",
+    "LLM calls that failed for good (by LLMError kind) or were cut short (length, content_filter).",
+    ["kind"], registry=REGISTRY,
+)
 TOKENS = Counter("botd_llm_tokens_total", "Tokens used, by direction.", ["direction"], registry=REGISTRY)
 TOOL_CALLS = Counter("botd_tool_calls_total", "Tool calls, by tool and outcome.", ["tool", "outcome"], registry=REGISTRY)
 QUEUE_DEPTH = Gauge("botd_queue_depth", "Messages waiting in inboxes this replica enqueued or drained.", registry=REGISTRY)

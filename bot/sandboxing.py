@@ -22,8 +22,8 @@ log = structlog.get_logger(__name__)
 def hidden_paths(cfg: BotdConfig) -> list[Path]:
     """botd's own files, masked in the sandbox and always denied to the file tools."""
     paths = [cfg.workspace / STATE_DIR_NAME, *(Path(p).expanduser() for p in cfg.security.denied_paths)]
-    if cfg.config_file is not None:
-        paths.append(cfg.config_file)
+    if cfg.source is not None:
+        paths.append(cfg.source.resolve())
     return paths
 
 

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 
 import structlog
 
-from agent.types import RunRequest
+from agent.types import DeliveryStatus, RunRequest
 from bot.gateway.gateway import Gateway
-from bot.gateway.runner import RunOutcome
+from bot.gateway.run import RunOutcome
 from channels.base import ChannelAdapter, Target
-from scheduler.ports import DeliveryStatus, JobTarget, ScheduledOutcome, ScheduledRunStatus
+from scheduler.ports import JobTarget, ScheduledOutcome, ScheduledRunStatus
 
 log = structlog.get_logger(__name__)
 

@@ -1,5 +1,7 @@
 """Per-run traces: one span per LLM call and per tool call, kept in Redis (capped).
 
+``TracingModel`` wraps the chat model so every call becomes a span and a metric.
+
 ``BOTD_TRACE_VERBOSE=1`` also keeps inputs and outputs, each cut at 50 000 characters.
 """
 
@@ -7,10 +9,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, Field
+
+from agent import notices
+from agent.llm_types import ChatModel, DeltaCallback, LLMError, LLMResponse
+from agent.types import Message, Usage
+from bot import metrics
+from bot.store.keys import Keys
 
 VERBOSE_LIMIT = 50_000
 _TTL_S = 7 * 24 * 3600
@@ -55,17 +64,18 @@ class Trace(BaseModel):
 class TraceStore:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self._r = client
-        self._prefix = prefix
+        self._keys = Keys(prefix)
 
     def _key(self, run_id: str) -> str:
-        return f"{self._prefix}:trace:{run_id}"
+        return self._keys.trace(run_id)
 
     async def save(self, trace: Trace) -> None:
         pipe = self._r.pipeline(transaction=True)
         pipe.set(self._key(trace.run_id), trace.model_dump_json(), ex=_TTL_S)
-        pipe.lrem(f"{self._prefix}:traces", 0, trace.run_id)
-        pipe.lpush(f"{self._prefix}:traces", trace.run_id)
-        pipe.ltrim(f"{self._prefix}:traces", 0, _INDEX_CAP - 1)
+        index = self._keys.trace_index()
+        pipe.lrem(index, 0, trace.run_id)
+        pipe.lpush(index, trace.run_id)
+        pipe.ltrim(index, 0, _INDEX_CAP - 1)
         await pipe.execute()
 
     async def load(self, run_id: str) -> Trace | None:
@@ -73,7 +83,7 @@ class TraceStore:
         return Trace.model_validate_json(raw) if raw else None
 
     async def recent(self, limit: int = 20) -> list[str]:
-        return [str(x) for x in await self._r.lrange(f"{self._prefix}:traces", 0, limit - 1)]
+        return [str(x) for x in await self._r.lrange(self._keys.trace_index(), 0, limit - 1)]
 
 
 def render_trace(trace: Trace) -> str:
@@ -90,3 +100,51 @@ def render_trace(trace: Trace) -> str:
         err = f"  ERROR {span.error}" if span.error else ""
         lines.append(f"  +{offset:>6} ms  {span.kind:<4} {span.name:<24} {span.ms:>9.1f} ms  {attrs}{err}")
     return "\n".join(lines)
+
+
+class TracingModel:
+    """A ChatModel wrapper that records each LLM call as a trace span and in metrics."""
+
+    def __init__(self, inner: ChatModel, trace: Trace, model_name: str) -> None:
+        self._inner = inner
+        self._trace = trace
+        self._model = model_name
+        self.usages: list[Usage] = []
+        # The operator's detail of the last failed call ("kind: message"), for the outcome.
+        self.failure_detail: str | None = None
+
+    @property
+    def last_prompt_tokens(self) -> int:
+        return self.usages[-1].prompt_tokens if self.usages else 0
+
+    async def complete(
+        self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, on_delta: DeltaCallback | None = None
+    ) -> LLMResponse:
+        start = time.time()
+        extra: dict[str, Any] = {}
+        if verbose():
+            extra["input"] = clip("\n".join(f"{m.role}: {m.content or ''}" for m in messages))
+        try:
+            response = await self._inner.complete(messages, tools, on_delta)
+        except LLMError as exc:
+            self.failure_detail = f"{exc.kind}: {exc}"
+            self._trace.span("llm", self._model, start, error=self.failure_detail, tools=bool(tools), **extra)
+            metrics.LLM_SECONDS.labels(self._model, "error").observe(time.time() - start)
+            metrics.LLM_PROBLEMS.labels(exc.kind).inc()
+            raise
+        usage = response.usage
+        self.usages.append(usage)
+        if verbose():
+            extra["output"] = clip(response.text)
+        self._trace.span(
+            "llm", self._model, start,
+            prompt_tokens=usage.prompt_tokens, completion_tokens=usage.completion_tokens,
+            estimated=usage.estimated, tool_calls=len(response.tool_calls), attempts=response.attempts,
+            tools=bool(tools), finish_reason=response.finish_reason, **extra,
+        )
+        if response.finish_reason in notices.CUT_NOTICES:
+            metrics.LLM_PROBLEMS.labels(response.finish_reason).inc()
+        metrics.LLM_SECONDS.labels(self._model, "ok").observe(time.time() - start)
+        metrics.TOKENS.labels("prompt").inc(usage.prompt_tokens)
+        metrics.TOKENS.labels("completion").inc(usage.completion_tokens)
+        return response

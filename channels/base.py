@@ -14,7 +14,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from aiohttp import web
 
-from agent.types import RunRequest
+from agent.types import ChatRef, RunRequest
 
 Scope = Literal["dm", "group", "channel"]
 ThreadKind = Literal["thread", "topic"]
@@ -29,7 +29,7 @@ class Target:
     thread_id: str | None = None
     reply_to: str | None = None
     user_id: str | None = None
-    meta: dict[str, str] = field(default_factory=dict)
+    chat: ChatRef | None = None  # the platform facts the channel chose when it built the request
 
     @classmethod
     def of(cls, req: RunRequest) -> Target:
@@ -39,7 +39,7 @@ class Target:
             thread_id=req.thread_id,
             reply_to=req.reply_to,
             user_id=req.user_id or None,
-            meta=dict(req.meta),
+            chat=req.chat,
         )
 
 
@@ -73,6 +73,14 @@ class KeyValue(Protocol):
 RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class PairingGate(Protocol):
+    """``dm_policy: pairing`` for one channel: users approved by their code count as allowed;
+    a stranger's DM is answered with a code (best effort, never raises, no LLM call)."""
+
+    async def is_approved(self, user_id: str) -> bool: ...
+    async def challenge(self, user_id: str, user_name: str, chat_id: str) -> None: ...
+
+
 @dataclass
 class ChannelContext:
     """Everything an adapter gets from the daemon when it starts."""
@@ -83,6 +91,7 @@ class ChannelContext:
     add_route: Callable[[str, str, RouteHandler], None]
     replica_id: str
     commands: tuple[tuple[str, str], ...] = ()
+    pairing: PairingGate | None = None  # set when the channel's dm_policy is pairing
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -103,14 +112,34 @@ class ReplyStream(Protocol):
     async def close(self) -> None: ...
 
 
+class ChannelStartError(RuntimeError):
+    """A channel cannot start: the platform rejected a token, or it cannot be reached.
+
+    The message names the config key to check and is safe to show (no secrets); the CLI
+    prints it as one line and exits with code 2.
+    """
+
+
+@runtime_checkable
+class ToolActivity(Protocol):
+    """A reply stream that also shows when a tool starts and ends (the console does;
+    chat platforms keep their typing indicator instead)."""
+
+    async def tool_started(self, name: str) -> None: ...
+    async def tool_finished(self, name: str, ok: bool, ms: float) -> None: ...
+
+
 @runtime_checkable
 class ChannelAdapter(Protocol):
-    """One chat platform."""
+    """One chat platform, with its whole lifecycle, driven by the daemon in this order:
+    ``start`` (raises :class:`ChannelStartError`), ``stop`` (no more intake; replies of
+    runs still finishing may be sent), ``aclose`` (release the clients)."""
 
     name: str
 
     async def start(self, ctx: ChannelContext) -> None: ...
     async def stop(self) -> None: ...
+    async def aclose(self) -> None: ...
     def is_ready(self) -> bool: ...
     def format_parts(self, markdown: str) -> list[str]: ...
     def open_stream(self, target: Target, run_id: str) -> ReplyStream: ...

@@ -2,9 +2,9 @@
 
 The daemon's CLI parses options, builds a :class:`~scheduler.store.JobStore` on
 the configured Redis and calls these; every failure is a
-:class:`~scheduler.errors.CronError` whose message is ready to print. Changes
+:class:`~scheduler.schedules.CronError` whose message is ready to print. Changes
 reach running daemons through the store's change channel; ``run-now`` goes
-through the run-now queue (see :mod:`scheduler.run_now`) and
+through the run-now queue (see :mod:`scheduler.store`) and
 :func:`wait_for_run` lets the CLI wait for the ledger entry it produces.
 """
 
@@ -17,11 +17,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from scheduler.clock import Clock, iso_utc, utc_now
-from scheduler.errors import JobNotFoundError
-from scheduler.job_factory import build_job, make_target
-from scheduler.jobs import HEARTBEAT_JOB_ID, CronJob
-from scheduler.ledger import RunRecord
+from scheduler.jobs import HEARTBEAT_JOB_ID, CronJob, JobNotFoundError, RunRecord, build_job, make_target
+from scheduler.schedules import Clock, iso_utc, utc_now
 from scheduler.store import JobStore
 
 

@@ -15,11 +15,9 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from agent.tools.registry import Tool, ToolContext, ToolError, ToolOutput
-from scheduler.clock import Clock, utc_now
-from scheduler.errors import CronError, NotYourJobError
-from scheduler.job_factory import build_job, make_target
-from scheduler.jobs import CronJob
+from scheduler.jobs import CronJob, NotYourJobError, build_job, make_target
 from scheduler.ports import JobTarget
+from scheduler.schedules import Clock, CronError, utc_now
 from scheduler.store import JobStore
 
 _ID_PATTERN = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"

@@ -13,15 +13,15 @@ and the heartbeat key ``agent:<id>:heartbeat`` (DESIGN.md §4.3).
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from agent.types import RunRequest
+from agent.types import DeliveryStatus, RunRequest
 
 ScheduledRunStatus = Literal["ok", "error", "skipped", "timeout"]
-DeliveryStatus = Literal["delivered", "silent", "failed", "unknown"]
 TargetChannel = Literal["telegram", "slack", "console"]
 
 RUN_STATUSES: tuple[ScheduledRunStatus, ...] = ("ok", "error", "skipped", "timeout")
@@ -84,6 +84,39 @@ class ScheduledRunner(Protocol):
 
     async def notify(self, target: JobTarget, text: str) -> None:
         """Send a plain notice to a chat (e.g. a job was disabled); not a run, no LLM."""
+        ...
+
+
+class CronKeys(Protocol):
+    """The scheduler's Redis key families; the daemon passes its key registry
+    (``bot.store.keys.Keys``), so every key botd uses is built in one place."""
+
+    def fire(self, job_id: str, fire_time: str) -> str:
+        """The claim of one fire; ``fire_time`` in the canonical UTC form."""
+        ...
+
+    def cron_job(self, job_id: str) -> str: ...
+    def cron_jobs(self) -> str: ...
+    def cron_changes(self) -> str: ...
+    def cron_last_fire(self) -> str: ...
+    def cron_running(self, job_id: str) -> str: ...
+    def cron_runs(self, job_id: str) -> str: ...
+    def cron_run_now(self) -> str: ...
+
+
+class Subscriber(Protocol):
+    """The process's one pub/sub listener (the daemon's ``Broadcast``).
+
+    Pub/sub delivers only while connected: a subscriber that must not miss a change
+    also registers ``on_reconnect`` to resync from the store.
+    """
+
+    def on(self, channel: str, handler: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        """Call ``handler`` with every JSON object published on ``channel``."""
+        ...
+
+    def on_reconnect(self, handler: Callable[[], Awaitable[None]]) -> None:
+        """Call ``handler`` after the listener subscribed again following a lost connection."""
         ...
 
 

@@ -1,4 +1,5 @@
-"""When a cron job runs: a one-shot time, a fixed interval, or a crontab expression.
+"""When a cron job runs: a one-shot time, a fixed interval, or a crontab expression,
+and the times it fires.
 
 Every form is stored as an absolute, replica-independent description so that all
 replicas compute the same fire times: ``in 20m`` becomes an ``at`` time when the
@@ -6,10 +7,25 @@ job is created, and ``every`` is anchored at the creation time (fires at anchor 
 k × interval). ``at`` accepts ISO-8601 with an offset (``Z`` included) or a naive
 time, read in the job's timezone. Cron expressions are evaluated in an IANA
 timezone (default ``scheduler.timezone``), see :mod:`scheduler.crontab`.
+
+Time as the scheduler sees it: an injectable clock and one UTC text form. Fire
+claims and ledger entries are keyed by the *scheduled* time written in that
+canonical form, so every replica derives the same key for the same fire. Human
+durations read like ``30m``, ``1h30m``, ``2d`` or ``45s``.
+
+``CronError`` is the base of every error of the cron side (schedules here, jobs in
+:mod:`scheduler.jobs`); each message is phrased for the person who caused it.
+
+Fire-time arithmetic on APScheduler triggers: APScheduler only answers "what is the
+next fire after X"; catch-up after downtime needs "what was the latest fire before now
+that never ran", and back-off needs "the next fire, but not before T". Both are built
+here on top of any trigger.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -20,8 +36,74 @@ from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from scheduler.crontab import parse_crontab
-from scheduler.durations import format_duration, parse_duration
-from scheduler.errors import CronError
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    """The default clock: an aware UTC datetime."""
+    return datetime.now(UTC)
+
+
+def iso_utc(moment: datetime) -> str:
+    """``2027-03-28T07:00:00Z``: second precision, UTC, the form used in Redis keys."""
+    if moment.tzinfo is None:
+        raise ValueError("a fire time must be timezone-aware")
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_iso_utc(text: str) -> datetime:
+    """Inverse of :func:`iso_utc` (also accepts any ISO-8601 text with an offset)."""
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        raise ValueError(f"timestamp without offset: {text!r}")
+    return moment.astimezone(UTC)
+
+
+_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|m|min|mins|h|hr|hrs|d|w)", re.IGNORECASE)
+_UNITS = {
+    "ms": 0.001, "s": 1, "sec": 1, "secs": 1, "m": 60, "min": 60, "mins": 60,
+    "h": 3600, "hr": 3600, "hrs": 3600, "d": 86400, "w": 604800,
+}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``text``; raises ValueError with a readable message when it is not a duration."""
+    raw = str(text).strip()
+    if not raw:
+        raise ValueError("empty duration")
+    if re.fullmatch(r"\d+(\.\d+)?", raw):
+        return float(raw)
+    pos, total = 0, 0.0
+    compact = raw.replace(" ", "")
+    for match in _PART.finditer(compact):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNITS[match.group(2).lower()]
+        pos = match.end()
+    if pos != len(compact) or pos == 0:
+        raise ValueError(f"not a duration: {raw!r} (use forms like 45s, 20m, 1h30m, 2d)")
+    if total <= 0:
+        raise ValueError(f"duration must be positive: {raw!r}")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """The short human form parse_duration reads back: 90 -> ``1m30s``, 3600 -> ``1h``."""
+    total = round(float(seconds))
+    if total <= 0:
+        return f"{float(seconds):g}s"
+    parts = []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        count, total = divmod(total, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
+class CronError(Exception):
+    """Base class: the message is ready to show on the CLI or to the model."""
+
 
 MIN_EVERY_S = 60.0
 MAX_EVERY_S = 366 * 86400.0
@@ -232,3 +314,77 @@ def parse_schedule(
     raise ScheduleError(
         f"schedule {raw!r} not understood (use 'in 20m', 'every 1h', 'at 2027-03-28T09:00' or a cron expression)"
     )
+
+
+_TICK = timedelta(microseconds=1)
+_MAX_STEPS = 100_000
+
+
+class NotBeforeTrigger(BaseTrigger):
+    """``base``'s fire times, skipping any earlier than ``not_before`` (failure back-off)."""
+
+    __slots__ = ("base", "not_before")
+
+    def __init__(self, base: BaseTrigger, not_before: datetime) -> None:
+        self.base = base
+        self.not_before = not_before
+
+    def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
+        if previous_fire_time is not None and previous_fire_time >= self.not_before:
+            return self.base.get_next_fire_time(previous_fire_time, now)
+        # Asking afresh from max(now, not_before) keeps interval anchors and cron fields intact.
+        fire: datetime | None = self.base.get_next_fire_time(None, max(now, self.not_before))
+        if fire is not None and previous_fire_time is not None and fire <= previous_fire_time:
+            return None
+        return fire
+
+    def __str__(self) -> str:
+        return f"{self.base} not before {self.not_before.isoformat()}"
+
+
+def effective_trigger(base: BaseTrigger, *, one_shot: bool, not_before: datetime | None) -> BaseTrigger:
+    """The trigger to schedule: a failed one-shot retries at ``not_before``; others skip until then."""
+    if not_before is None:
+        return base
+    if one_shot:
+        return DateTrigger(run_date=not_before, timezone=not_before.tzinfo)
+    return NotBeforeTrigger(base, not_before)
+
+
+def next_fire(trigger: BaseTrigger, now: datetime) -> datetime | None:
+    """The first fire at or after ``now`` (None when the trigger is finished or in the past)."""
+    fire: datetime | None = trigger.get_next_fire_time(None, now)
+    if fire is not None and fire < now:
+        return None
+    return fire
+
+
+def latest_fire_between(trigger: BaseTrigger, after: datetime, before: datetime) -> datetime | None:
+    """The latest fire time ``t`` with ``after < t < before``, or None.
+
+    Searches back from ``before`` in doubling windows, so a long gap costs a few
+    dozen trigger calls rather than one per missed fire.
+    """
+    if before <= after:
+        return None
+    window = timedelta(minutes=1)
+    while True:
+        start = max(before - window, after + _TICK)
+        first: datetime | None = trigger.get_next_fire_time(None, start)
+        if first is None or first <= after:
+            return None
+        if first < before:
+            return _last_before(trigger, first, before)
+        if start <= after + _TICK:
+            return None
+        window *= 2
+
+
+def _last_before(trigger: BaseTrigger, first: datetime, before: datetime) -> datetime:
+    current = first
+    for _ in range(_MAX_STEPS):
+        following: datetime | None = trigger.get_next_fire_time(current, current)
+        if following is None or following >= before or following <= current:
+            return current
+        current = following
+    return current

@@ -2,12 +2,16 @@
 
 Every replica runs one :class:`SchedulerService` with an ``AsyncIOScheduler`` in
 the daemon's event loop and schedules every job; each fire is claimed in Redis
-(:mod:`scheduler.claims`) so exactly one replica runs it.
+(:class:`scheduler.store.FireClaims`) so exactly one replica runs it. APScheduler 3
+calls a job function without its scheduled run time, but a claim must be keyed by
+exactly that time: :class:`FireTimeExecutor` (a custom executor, the extension point
+APScheduler documents) passes it as ``fire_time``.
 
 Keeping replicas in step: job changes are announced on ``<prefix>:cron:changes``
-(:mod:`scheduler.store`) and applied at once; a full resync every
-``resync_interval_s`` (30 s) repairs anything a lost message left behind, and
-also drains run-now requests (:mod:`scheduler.run_now`).
+(:mod:`scheduler.store`) and applied at once, through the process's one pub/sub
+listener (a :class:`scheduler.ports.Subscriber`); after that listener reconnects, and
+every ``resync_interval_s`` (30 s), a full resync repairs anything a lost message left
+behind, and also drains run-now requests.
 
 Missed fires: when a replica first sees a job (at start-up, or a job created
 while it was away) it looks for the latest fire between the job's last recorded
@@ -28,26 +32,62 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from apscheduler.executors.base import BaseExecutor
 from apscheduler.schedulers.asyncio import AsyncIOScheduler
 from apscheduler.triggers.base import BaseTrigger
 
-from scheduler.change_feed import ChangeFeed
-from scheduler.claims import FireClaims
-from scheduler.clock import Clock, iso_utc, utc_now
-from scheduler.cron_fire import CronFires
-from scheduler.durations import format_duration
-from scheduler.errors import CorruptJobError, JobNotFoundError
-from scheduler.executor import FireTimeExecutor
-from scheduler.fire_times import latest_fire_between, next_fire
+from agent.tasks import TaskSet, cancel_all, drain
+from scheduler.fires import CronFires
 from scheduler.heartbeat import HeartbeatFires
-from scheduler.jobs import HEARTBEAT_JOB_ID, CronJob
-from scheduler.ledger import FireTrigger, RunLedger, RunRecord
-from scheduler.ports import GrantSeal, ScheduledRunner
+from scheduler.jobs import (
+    HEARTBEAT_JOB_ID,
+    CorruptJobError,
+    CronJob,
+    FireTrigger,
+    JobNotFoundError,
+    RunRecord,
+)
+from scheduler.ports import CronKeys, GrantSeal, ScheduledRunner, Subscriber
+from scheduler.schedules import Clock, format_duration, iso_utc, latest_fire_between, next_fire, utc_now
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
-from scheduler.store import JobStore
-from scheduler.tasks import TaskSet, cancel_all, drain
+from scheduler.store import FireClaims, JobStore, RunLedger
 
 log = structlog.get_logger(__name__)
+
+
+class FireTimeExecutor(BaseExecutor):
+    """Runs coroutine jobs as tasks, passing the scheduled time as ``fire_time``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, scheduler: Any, alias: str) -> None:
+        super().start(scheduler, alias)
+        self._loop = asyncio.get_running_loop()
+
+    def shutdown(self, wait: bool = True) -> None:
+        # The scheduler service drains or cancels the tasks itself (it can await; this cannot).
+        return None
+
+    def _do_submit_job(self, job: Any, run_times: list[datetime]) -> None:
+        assert self._loop is not None, "executor not started"
+        fire_time = run_times[-1]
+        task = self._loop.create_task(job.func(*job.args, fire_time=fire_time, **job.kwargs))
+        self.tasks.add(task)
+        job_id = job.id
+
+        def done(finished: asyncio.Task[Any]) -> None:
+            self.tasks.discard(finished)
+            if finished.cancelled() or finished.exception() is None:
+                self._run_job_success(job_id, [])
+            else:
+                error = finished.exception()
+                self._run_job_error(job_id, error, error.__traceback__ if error else None)
+
+        task.add_done_callback(done)
+
 
 _TICK = timedelta(microseconds=1)
 
@@ -58,9 +98,10 @@ class SchedulerService:
     def __init__(
         self,
         redis: Any,
-        prefix: str,
+        keys: CronKeys,
         runner: ScheduledRunner,
         *,
+        signals: Subscriber,
         heartbeat: HeartbeatSettings,
         settings: SchedulerSettings,
         workspace: Path,
@@ -76,8 +117,8 @@ class SchedulerService:
         self.settings = settings
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self._clock = clock
-        self.store = JobStore(redis, prefix, seal)
-        self._claims = FireClaims(redis, prefix, ttl_s=settings.fire_claim_ttl_s)
+        self.store = JobStore(redis, keys, seal)
+        self._claims = FireClaims(redis, keys, ttl_s=settings.fire_claim_ttl_s)
         self._cron = CronFires(
             self.store,
             self._claims,
@@ -102,12 +143,15 @@ class SchedulerService:
         )
         self._scheduler: AsyncIOScheduler | None = None
         self._executor: FireTimeExecutor | None = None
-        self._feed = ChangeFeed(redis, self.store.changes_channel, self._on_change, self.resync)
         self._known: dict[str, str] = {}
         self._sync_lock = asyncio.Lock()
         self._tasks = TaskSet()
         self._background: list[asyncio.Task[Any]] = []
         self._stopping = False
+        # Subscribed before the listener starts (the daemon starts it before this service),
+        # so no change can slip between the subscription and the first load in start().
+        signals.on(self.store.changes_channel, self._on_change)
+        signals.on_reconnect(self._on_reconnect)
 
     @property
     def ledger(self) -> RunLedger:
@@ -129,15 +173,11 @@ class SchedulerService:
             job_defaults={"coalesce": True, "max_instances": 8, "misfire_grace_time": None},
         )
         self._scheduler.start()
-        await self._feed.subscribe()  # before loading, so no change can slip between the two
         if self._heartbeat.settings.enabled:
             await self._schedule_heartbeat()
         await self.resync()
         await self.drain_run_now()
-        self._background = [
-            asyncio.create_task(self._feed.run(), name="scheduler-changes"),
-            asyncio.create_task(self._resync_loop(), name="scheduler-resync"),
-        ]
+        self._background = [asyncio.create_task(self._resync_loop(), name="scheduler-resync")]
         log.info("scheduler.started", instance=self.instance_id, jobs=len(self._known))
 
     async def stop(self, grace_s: float = 30.0) -> None:
@@ -146,12 +186,10 @@ class SchedulerService:
         if scheduler is None:
             return
         self._stopping = True
-        self._feed.stop_soon()
         await cancel_all(self._background)
         self._background = []
         scheduler.shutdown(wait=False)
         await drain(self._tasks.tasks | (self._executor.tasks if self._executor else set()), grace_s)
-        await self._feed.close()
         self._known.clear()
         log.info("scheduler.stopped", instance=self.instance_id)
 
@@ -335,11 +373,21 @@ class SchedulerService:
     # -- keeping in step ---------------------------------------------------------------------
 
     async def _on_change(self, message: dict[str, Any]) -> None:
+        if self._scheduler is None:
+            return  # not started (or stopped): start() loads everything anyway
+        if not isinstance(message, dict):
+            log.warning("scheduler.bad_change_message")
+            return
         op, job_id = message.get("op"), message.get("id")
         if op in ("upsert", "remove") and isinstance(job_id, str):
             await self.sync_job(job_id)
         elif op == "run_now":
             await self.drain_run_now()
+
+    async def _on_reconnect(self) -> None:
+        """Changes published while the listener was disconnected are lost: resync."""
+        if self._scheduler is not None:
+            await self.resync()
 
     async def _resync_loop(self) -> None:
         while not self._stopping:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from scheduler.active_hours import ActiveHours
-from scheduler.durations import parse_duration
+from scheduler.heartbeat import ActiveHours
 from scheduler.ports import JobTarget
+from scheduler.schedules import parse_duration
 
 MIN_HEARTBEAT_EVERY_S = 300.0
 CatchUp = Literal["once", "skip"]

@@ -1,15 +1,31 @@
-"""Cron jobs in Redis, and the change notifications every replica listens to.
+"""The scheduler's Redis: cron jobs, fire claims, the run ledger and run-now requests.
 
 Keys (all under the configured prefix):
 
 * ``<prefix>:cron:job:<id>`` — the job as JSON (:class:`~scheduler.jobs.CronJob`);
 * ``<prefix>:cron:jobs`` — the set of job ids;
 * ``<prefix>:cron:changes`` — pub/sub channel; messages are JSON
-  ``{"op": "upsert" | "remove", "id": ...}`` or ``{"op": "run_now"}``;
-* the run ledger and the run-now list (:mod:`scheduler.ledger`, :mod:`scheduler.run_now`).
-
-Every write publishes a change, so each replica's scheduler adds, reschedules
-or removes the job without a restart.
+  ``{"op": "upsert" | "remove", "id": ...}`` or ``{"op": "run_now"}``. Every write
+  publishes a change, so each replica's scheduler adds, reschedules or removes the job
+  without a restart;
+* ``<prefix>:fire:<job_id>:<fire_time>`` — the claim of one fire. Every replica
+  schedules every job; when a fire comes due each replica tries ``SET NX`` on it (the
+  *scheduled* time in ISO UTC, not the wall clock, so all replicas race for the same
+  key) and only the winner runs it. Claims expire after ``ttl_s`` (7 days by default);
+* ``<prefix>:cron:last_fire`` — hash job id -> ISO time, only moving forward: the
+  latest claimed fire, which start-up uses to find fires missed while no replica ran;
+* ``<prefix>:cron:running:<job_id>`` — held while a run is in progress, so a slow run
+  is not overlapped by the next fire on another replica;
+* ``<prefix>:cron:runs:<job_id>`` — the run ledger: the last runs of every job (and of
+  the heartbeat), newest first, a list capped at 100 JSON :class:`RunRecord` entries;
+* ``<prefix>:cron:run_now`` — ``botd cron run-now ID`` against a running daemon. The
+  CLI appends a request and publishes ``{"op": "run_now"}``; every replica's scheduler
+  drains the list with ``LPOP`` when it hears that (and at every periodic resync, in
+  case the message was missed), so each request goes to exactly one replica. The run
+  lands in the ledger with ``trigger = "run_now"`` and the request id, which is how the
+  CLI waits for the result. A request older than ``scheduler.run_now_max_age_s`` (10
+  minutes) when taken is recorded as skipped instead of run, so a request made while
+  no daemon was up does not fire hours later.
 
 A job's grants (``allow``) are a permission: with a ``GrantSeal`` every write
 stores a MAC over the id, grants and target, and a job read back whose MAC does
@@ -19,22 +35,188 @@ not verify (changed behind botd's back) runs with no grants and is logged.
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
 import structlog
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from redis.exceptions import WatchError
 
-from scheduler.claims import text
-from scheduler.errors import CorruptJobError, DuplicateJobError
-from scheduler.jobs import CronJob
-from scheduler.ledger import RunLedger
-from scheduler.ports import GrantSeal
-from scheduler.run_now import RunNowQueue, RunNowRequest
+from scheduler.jobs import CorruptJobError, CronJob, DuplicateJobError, FireTrigger, RunRecord
+from scheduler.ports import CronKeys, GrantSeal
+from scheduler.schedules import iso_utc, parse_iso_utc
 
 log = structlog.get_logger(__name__)
+
+
+_ADVANCE = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if (not current) or current < ARGV[2] then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def text(value: str | bytes) -> str:
+    """Redis replies as text whether or not the client decodes responses."""
+    return value.decode("utf-8") if isinstance(value, bytes) else value
+
+
+class FireClaims:
+    """Claims and markers in Redis for one key prefix."""
+
+    def __init__(self, redis: Any, keys: CronKeys, *, ttl_s: int = 7 * 86400) -> None:
+        self._redis = redis
+        self._keys = keys
+        self._ttl_s = ttl_s
+        self._advance = redis.register_script(_ADVANCE)
+        self._release = redis.register_script(_RELEASE)
+
+    def fire_key(self, job_id: str, fire_time: datetime) -> str:
+        return self._keys.fire(job_id, iso_utc(fire_time))
+
+    @property
+    def last_fire_key(self) -> str:
+        return self._keys.cron_last_fire()
+
+    async def claim(self, job_id: str, fire_time: datetime, owner: str) -> bool:
+        """True for exactly one caller per (job, scheduled time)."""
+        return bool(await self._redis.set(self.fire_key(job_id, fire_time), owner, nx=True, ex=self._ttl_s))
+
+    async def note_fire(self, job_id: str, fire_time: datetime) -> None:
+        """Record ``fire_time`` as the job's last fire unless a later one is recorded."""
+        await self._advance(keys=[self.last_fire_key], args=[job_id, iso_utc(fire_time)])
+
+    async def note_baseline(self, job_id: str, moment: datetime) -> None:
+        """Start counting missed fires from ``moment`` if nothing is recorded yet."""
+        await self._redis.hsetnx(self.last_fire_key, job_id, iso_utc(moment))
+
+    async def last_fire(self, job_id: str) -> datetime | None:
+        raw = await self._redis.hget(self.last_fire_key, job_id)
+        if raw is None:
+            return None
+        try:
+            return parse_iso_utc(text(raw))
+        except ValueError:
+            return None
+
+    async def forget(self, job_id: str) -> None:
+        await self._redis.hdel(self.last_fire_key, job_id)
+
+    def running_key(self, job_id: str) -> str:
+        return self._keys.cron_running(job_id)
+
+    async def acquire_running(self, job_id: str, ttl_s: float) -> str | None:
+        """A token while no other run of the job is in progress anywhere, else None."""
+        token = uuid.uuid4().hex
+        ok = await self._redis.set(self.running_key(job_id), token, nx=True, ex=max(1, int(ttl_s)))
+        return token if ok else None
+
+    async def release_running(self, job_id: str, token: str) -> None:
+        await self._release(keys=[self.running_key(job_id)], args=[token])
+
+
+LEDGER_SIZE = 100
+
+
+class RunLedger:
+    """Append and read run records (each job's list is capped at :data:`LEDGER_SIZE`)."""
+
+    def __init__(self, redis: Any, keys: CronKeys) -> None:
+        self._redis = redis
+        self._keys = keys
+
+    def key(self, job_id: str) -> str:
+        return self._keys.cron_runs(job_id)
+
+    async def append(self, record: RunRecord) -> None:
+        key = self.key(record.job_id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(key, record.model_dump_json())
+            pipe.ltrim(key, 0, LEDGER_SIZE - 1)
+            pipe.persist(key)
+            await pipe.execute()
+
+    async def recent(self, job_id: str, limit: int = LEDGER_SIZE) -> list[RunRecord]:
+        """Newest first; entries that no longer parse are left out."""
+        raw = await self._redis.lrange(self.key(job_id), 0, max(limit, 1) - 1)
+        records = []
+        for item in raw:
+            try:
+                records.append(RunRecord.model_validate_json(item))
+            except ValidationError:
+                continue
+        return records
+
+    async def expire(self, job_id: str, ttl_s: int) -> None:
+        """Keep a removed job's history for a while, then let it go."""
+        await self._redis.expire(self.key(job_id), ttl_s)
+
+    @staticmethod
+    def skipped(
+        job_id: str,
+        reason: str,
+        *,
+        at: datetime,
+        fire_time: datetime | None,
+        trigger: FireTrigger,
+        request_id: str | None = None,
+    ) -> RunRecord:
+        """A record for a fire that was decided not to run (no LLM call was made)."""
+        return RunRecord(
+            job_id=job_id,
+            fire_time=fire_time,
+            trigger=trigger,
+            request_id=request_id,
+            started_at=at,
+            finished_at=at,
+            run_status="skipped",
+            error=reason,
+        )
+
+
+class RunNowRequest(BaseModel):
+    job_id: str
+    request_id: str
+    requested_at: datetime
+
+
+class RunNowQueue:
+    """The list of pending run-now requests for one key prefix."""
+
+    def __init__(self, redis: Any, keys: CronKeys) -> None:
+        self._redis = redis
+        self.key = keys.cron_run_now()
+
+    async def push(self, job_id: str, now: datetime) -> RunNowRequest:
+        request = RunNowRequest(job_id=job_id, request_id=uuid.uuid4().hex[:12], requested_at=now)
+        await self._redis.rpush(self.key, request.model_dump_json())
+        return request
+
+    async def pop(self) -> RunNowRequest | None:
+        """The oldest request, skipping entries that do not parse; None when empty."""
+        while True:
+            raw = await self._redis.lpop(self.key)
+            if raw is None:
+                return None
+            try:
+                return RunNowRequest.model_validate_json(text(raw))
+            except ValidationError:
+                continue
+
+    async def pending(self) -> int:
+        return int(await self._redis.llen(self.key))
+
 
 REMOVED_LEDGER_TTL_S = 7 * 86400
 _MAX_WATCH_RETRIES = 50
@@ -43,23 +225,23 @@ _MAX_WATCH_RETRIES = 50
 class JobStore:
     """add / get / list / remove / update cron jobs; each change is announced."""
 
-    def __init__(self, redis: Any, prefix: str, seal: GrantSeal | None = None) -> None:
+    def __init__(self, redis: Any, keys: CronKeys, seal: GrantSeal | None = None) -> None:
         self._seal = seal  # None: grants are not verified (tests, tools that only read)
         self._redis = redis
-        self.prefix = prefix
-        self.ledger = RunLedger(redis, prefix)
-        self.run_now_queue = RunNowQueue(redis, prefix)
+        self._keys = keys
+        self.ledger = RunLedger(redis, keys)
+        self.run_now_queue = RunNowQueue(redis, keys)
 
     def job_key(self, job_id: str) -> str:
-        return f"{self.prefix}:cron:job:{job_id}"
+        return self._keys.cron_job(job_id)
 
     @property
     def index_key(self) -> str:
-        return f"{self.prefix}:cron:jobs"
+        return self._keys.cron_jobs()
 
     @property
     def changes_channel(self) -> str:
-        return f"{self.prefix}:cron:changes"
+        return self._keys.cron_changes()
 
     async def add(self, job: CronJob) -> CronJob:
         """Store a new job; DuplicateJobError when the id is taken."""
@@ -138,7 +320,7 @@ class JobStore:
         raise RuntimeError(f"cron job {job_id!r} kept changing; update abandoned")
 
     async def request_run_now(self, job_id: str, now: datetime) -> RunNowRequest:
-        """Queue a run-now for whichever replica takes it first (see :mod:`scheduler.run_now`)."""
+        """Queue a run-now for whichever replica takes it first (see :mod:`scheduler.store`)."""
         request = await self.run_now_queue.push(job_id, now)
         await self.publish("run_now")
         return request

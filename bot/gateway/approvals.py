@@ -22,7 +22,8 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 
-from bot.gateway.broadcast import Broadcast
+from bot.gateway.signals import Broadcast
+from bot.store.keys import Keys
 from bot.store.seal import RecordSeal
 
 log = structlog.get_logger(__name__)
@@ -57,7 +58,7 @@ class Approvals:
     ) -> None:
         self._seal = seal
         self._r = client
-        self._prefix = prefix
+        self._keys = Keys(prefix)
         self._timeout_s = timeout_s
         self._waiters: dict[str, asyncio.Event] = {}
         self._resolve = client.register_script(_RESOLVE)
@@ -66,10 +67,10 @@ class Approvals:
 
     @property
     def channel(self) -> str:
-        return f"{self._prefix}:approvals"
+        return self._keys.approvals_channel()
 
     def _key(self, approval_id: str) -> str:
-        return f"{self._prefix}:approval:{approval_id}"
+        return self._keys.approval(approval_id)
 
     async def request(
         self, *, session_key: str, chat_id: str, run_id: str, user_id: str, tool: str, args: dict[str, Any], ask: AskFn

@@ -5,19 +5,29 @@ A message waits in ``inbox:<session>``; when a worker takes it, it moves to
 dies mid-run leaves the work for whoever takes the session lock next (at-least-once
 runs; delivery is de-duplicated separately). ``pending`` indexes every session with
 work, so sweepers on any replica can find sessions nobody is serving.
+
+Inbound dedupe (DESIGN.md §5) lives here too, so the gateway owns it whole: Telegram
+update ids and Slack event ids are handled once. An ordinary message is marked in the
+same atomic step that enqueues it (``Inbox.enqueue``); a control command, which is
+never queued, is marked by :class:`Deduper`. Platforms redeliver (Slack retries
+unanswered events, a restarted poller may see an update twice). The command mark is a
+unique token set only if absent, so a retry of our own command whose reply got lost
+still reads as "first time" instead of dropping the message.
 """
 
 from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from agent.types import RunRequest
-from bot.store.dedupe import DEFAULT_TTL_S as DEDUPE_TTL_S
 from bot.store.keys import Keys
+from bot.store.kv import ttl_ms
+from bot.store.locks import ACQUIRE
 
 _ENQUEUE = """
 if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
@@ -55,6 +65,28 @@ return 1
 
 _KEEP_MS = 7 * 24 * 3600 * 1000
 
+DEDUPE_TTL_S = 86400.0
+
+
+
+class Deduper:
+    """Answers "have we seen this inbound event before?" across replicas."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
+        self._client = client
+        self._keys = keys
+        # The lease script: set the token if absent (each call brings a fresh token).
+        self._mark = client.register_script(ACQUIRE)
+
+    async def first_time(self, key: str, ttl_s: float = DEDUPE_TTL_S) -> bool:
+        """True exactly once per ``key`` within ``ttl_s`` (default 24 h)."""
+        token = uuid.uuid4().hex
+        return bool(await self._mark(keys=[self._keys.dedupe(key)], args=[token, ttl_ms(ttl_s)]))
+
+    async def forget(self, key: str) -> None:
+        """Drop the mark, e.g. when the event could not be accepted and may be redelivered."""
+        await self._client.delete(self._keys.dedupe(key))
+
 
 
 @dataclass
@@ -68,21 +100,20 @@ class Inbox:
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self._r = client
-        self._prefix = prefix
         self._keys = Keys(prefix)
         self._enqueue = client.register_script(_ENQUEUE)
         self._take = client.register_script(_TAKE)
         self._finish = client.register_script(_FINISH)
 
     def _inbox(self, session_key: str) -> str:
-        return f"{self._prefix}:inbox:{session_key}"
+        return self._keys.inbox(session_key)
 
     def _running(self, session_key: str) -> str:
-        return f"{self._prefix}:running:{session_key}"
+        return self._keys.running(session_key)
 
     @property
     def _pending(self) -> str:
-        return f"{self._prefix}:pending"
+        return self._keys.pending()
 
     async def enqueue(self, req: RunRequest, cap: int, *, dedupe_key: str | None = None) -> EnqueueResult:
         """Append ``req`` unless ``dedupe_key`` was seen in the last 24 h (one atomic step,

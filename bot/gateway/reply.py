@@ -1,25 +1,116 @@
-"""The outbound half of a run: live previews and exactly-once delivery of the final text."""
+"""The outbound half of a run: live previews, then exactly-once delivery of the final text.
+
+What a preview may show: the final text goes through sanitize and the silent checks; a
+preview must be at least as careful while the text is incomplete: a reply that is, or
+may still become, NO_REPLY / HEARTBEAT_OK shows nothing, and an unclosed thinking block
+or a half-written tag is cut off.
+
+Idempotent delivery: each reply part is claimed in Redis (``HSETNX``) before the send and
+marked sent after it, so a retried run never sends a part twice. A replica dying between
+claim and send loses that part rather than duplicating it: parts are at-most-once, which
+is what a chat reader prefers. Whole results are stored before delivery, so a retried run
+re-delivers the same text instead of asking the model again.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
-from typing import Literal
 
+import redis.asyncio as aioredis
 import structlog
 
 from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sanitize
-from agent.types import RunKind
+from agent.types import DeliveryStatus, RunKind, RunResult
 from bot import metrics
-from bot.gateway.delivery import DeliveryLedger
-from bot.gateway.preview import preview_text
-from channels.base import ChannelAdapter, ReplyStream, Target
+from bot.store.keys import Keys
+from channels.base import ChannelAdapter, ReplyStream, Target, ToolActivity
 
 log = structlog.get_logger(__name__)
 
-PREVIEW_MIN_INTERVAL_S = 0.2
+_TTL_S = 7 * 24 * 3600
 
-DeliveryStatus = Literal["delivered", "silent", "failed", "unknown"]
+
+class DeliveryLedger:
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self._r = client
+        self._keys = Keys(prefix)
+
+    def _parts(self, run_id: str) -> str:
+        return self._keys.delivery(run_id)
+
+    def _result(self, run_id: str) -> str:
+        return self._keys.result(run_id)
+
+    async def claim(self, run_id: str, part: str) -> bool:
+        """True exactly once per ``(run_id, part)``, across replicas and retries."""
+        key = self._parts(run_id)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.hsetnx(key, part, "sending")
+        pipe.expire(key, _TTL_S)
+        claimed, _ = await pipe.execute()
+        return bool(claimed)
+
+    async def mark(self, run_id: str, part: str, state: str) -> None:
+        await self._r.hset(self._parts(run_id), part, state)
+
+    async def states(self, run_id: str) -> dict[str, str]:
+        return {str(k): str(v) for k, v in (await self._r.hgetall(self._parts(run_id))).items()}
+
+    async def save_result(self, run_id: str, result: RunResult) -> None:
+        await self._r.set(self._result(run_id), result.model_dump_json(), ex=_TTL_S)
+
+    async def load_result(self, run_id: str) -> RunResult | None:
+        raw = await self._r.get(self._result(run_id))
+        return RunResult.model_validate_json(raw) if raw else None
+
+
+# ---- previews ------------------------------------------------------------
+
+# Bounded attribute run: a tag longer than that is not a thinking tag, and no scan restarts
+# can make this quadratic on hostile streamed text.
+_OPEN_THINKING = re.compile(r"<(redacted_thinking|thinking|think|thought|antthinking)\b[^<>]{0,200}>", re.IGNORECASE)
+_NAMES = ("redacted_thinking", "thinking", "think", "thought", "antthinking")
+_WRAPPERS = " \t\r\n_.,:;!?\"'`*~#>-()[]{}"
+_SILENT_TOKENS = ("NO_REPLY", "HEARTBEAT_OK")
+
+
+def _cut_unclosed_thinking(text: str) -> str:
+    lowered = text.lower()
+    last_close = {name: lowered.rfind(f"</{name}") for name in _NAMES}
+    for match in _OPEN_THINKING.finditer(text):
+        if last_close[match.group(1).lower()] < match.end():
+            return text[: match.start()]
+    return text
+
+
+def _cut_partial_tag(text: str) -> str:
+    tail_start = max(0, len(text) - 40)
+    lt = text.rfind("<", tail_start)
+    if lt != -1 and ">" not in text[lt:]:
+        return text[:lt]
+    return text
+
+
+def preview_text(raw: str) -> str | None:
+    """The text to show for ``raw`` so far, or None when nothing may be shown yet."""
+    text = sanitize(_cut_partial_tag(_cut_unclosed_thinking(raw)))
+    core = text.strip(_WRAPPERS)
+    if not core:
+        return None
+    upper = core.upper()
+    for token in _SILENT_TOKENS:
+        if upper.startswith(token) or token.startswith(upper):
+            return None
+    if is_silent_chat(text):
+        return None
+    return text
+
+
+# ---- the reply -----------------------------------------------------------
+
+PREVIEW_MIN_INTERVAL_S = 0.2
 
 
 def final_text(raw: str, kind: RunKind) -> str | None:
@@ -85,6 +176,12 @@ class Reply:
     def reset_text(self) -> None:
         """A new assistant turn starts (after tool calls): the preview restarts with it."""
         self._raw = ""
+
+    async def on_tool(self, name: str, *, done: bool = False, ok: bool = True, ms: float = 0.0) -> None:
+        """Tell a stream that shows tool activity (see :class:`ToolActivity`) about a tool call."""
+        stream = self._stream
+        if self._previews and isinstance(stream, ToolActivity):
+            await self._safe("tool", stream.tool_finished(name, ok, ms) if done else stream.tool_started(name))
 
     async def finish(self, raw_final: str) -> DeliveryStatus:
         """Deliver the final answer (or nothing, when silent); close the stream either way."""

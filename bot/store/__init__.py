@@ -1,5 +1,5 @@
 """The Redis layer of botd (DESIGN.md §4.5): one client factory, key names, sessions,
-locks and leases, inbound dedupe and the adapters' key-value space.
+locks and leases and the adapters' key-value space (inbound dedupe is the gateway's).
 
 Usage::
 
@@ -10,7 +10,6 @@ Usage::
 """
 
 from bot.store.connection import RedisHandle, create_client, open_redis, redact_url
-from bot.store.dedupe import Deduper
 from bot.store.errors import LockTimeout, StoreConfigError, StoreError, StoreUnavailable
 from bot.store.keys import Keys
 from bot.store.kv import RedisKeyValue
@@ -18,7 +17,6 @@ from bot.store.locks import Lease, SessionLock
 from bot.store.sessions import SessionInfo, SessionPage, SessionSnapshot, SessionStore, SessionUsage
 
 __all__ = [
-    "Deduper",
     "Keys",
     "Lease",
     "LockTimeout",

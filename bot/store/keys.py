@@ -1,7 +1,9 @@
 """Every Redis key botd uses, built in one place so names never drift apart.
 
 All keys live under ``<prefix>:``. A key family is a method here; a new module that
-needs its own family adds a method (or, while prototyping, calls :meth:`Keys.key`).
+needs its own family adds a method. The scheduler may not import ``bot``: it declares
+the families it needs as ``scheduler.ports.CronKeys`` and the daemon hands it a
+:class:`Keys`, which implements that protocol.
 Session keys themselves contain colons (``agent:main:telegram:dm:42``); that is fine
 because keys are only ever built, never parsed back — listings use the index set.
 """
@@ -56,20 +58,123 @@ class Keys:
         """Sorted set of session keys scored by last activity (unix seconds)."""
         return self.key("sessions")
 
-    # Locks and leases (bot.store.locks).
+    # Locks (bot.store.locks) and the compaction lease (bot.compactor).
     def lock(self, session_key: str) -> str:
         return self.key("lock", session_key)
 
-    def lease(self, name: str) -> str:
-        return self.key("lease", name)
+    def compaction(self, session_key: str) -> str:
+        """Held while one compaction of the session runs."""
+        return self.key("compaction", session_key)
 
-    # Inbound dedupe (bot.store.dedupe) and the adapters' key-value space (bot.store.kv).
+    # Inbound dedupe (bot.gateway.inbox) and the adapters' key-value space (bot.store.kv).
     def dedupe(self, key: str) -> str:
         return self.key("dedupe", key)
 
     def kv(self, key: str) -> str:
         return self.key("kv", key)
 
-    # Scheduler fire claims (DESIGN.md §5: ``<prefix>:fire:<job>:<fire_time>``).
+    # The gateway's queue (bot.gateway.inbox) and retries (bot.gateway.worker).
+    def inbox(self, session_key: str) -> str:
+        return self.key("inbox", session_key)
+
+    def running(self, session_key: str) -> str:
+        """The batch a worker took and has not finished yet."""
+        return self.key("running", session_key)
+
+    def pending(self) -> str:
+        """Sorted set of sessions with work, scored by when the work arrived."""
+        return self.key("pending")
+
+    def attempts(self, run_id: str) -> str:
+        return self.key("attempts", run_id)
+
+    # Signals between replicas (bot.gateway.signals, bot.gateway.approvals).
+    def cancel_channel(self) -> str:
+        return self.key("cancel")
+
+    def cancel(self, session_key: str) -> str:
+        return self.key("cancel", session_key)
+
+    def outcomes_channel(self) -> str:
+        return self.key("outcomes")
+
+    def outcome(self, run_id: str) -> str:
+        return self.key("outcome", run_id)
+
+    def approvals_channel(self) -> str:
+        return self.key("approvals")
+
+    def approval(self, approval_id: str) -> str:
+        return self.key("approval", approval_id)
+
+    # Delivery (bot.gateway.reply) and traces (bot.tracing).
+    def delivery(self, run_id: str) -> str:
+        return self.key("delivery", run_id)
+
+    def result(self, run_id: str) -> str:
+        return self.key("result", run_id)
+
+    def trace(self, run_id: str) -> str:
+        return self.key("trace", run_id)
+
+    def trace_index(self) -> str:
+        return self.key("traces")
+
+    # The scheduler (scheduler.store, through scheduler.ports.CronKeys).
     def fire(self, job_id: str, fire_time: str) -> str:
+        """The claim of one fire (DESIGN.md §5: ``<prefix>:fire:<job>:<fire_time>``)."""
         return self.key("fire", job_id, fire_time)
+
+    def cron_job(self, job_id: str) -> str:
+        return self.key("cron", "job", job_id)
+
+    def cron_jobs(self) -> str:
+        return self.key("cron", "jobs")
+
+    def cron_changes(self) -> str:
+        return self.key("cron", "changes")
+
+    def cron_last_fire(self) -> str:
+        return self.key("cron", "last_fire")
+
+    def cron_running(self, job_id: str) -> str:
+        return self.key("cron", "running", job_id)
+
+    def cron_runs(self, job_id: str) -> str:
+        return self.key("cron", "runs", job_id)
+
+    def cron_run_now(self) -> str:
+        return self.key("cron", "run_now")
+
+    # Running daemons (bot.replicas): one expiring key each, and an index scored by last beat.
+    def replica(self, replica_id: str) -> str:
+        return self.key("replica", replica_id)
+
+    def replica_index(self) -> str:
+        return self.key("replicas")
+
+    # DM pairing (bot.pairing): live codes, each user's live code, reply budgets, approvals.
+    def pairing_code(self, code: str) -> str:
+        return self.key("pairing", "code", code)
+
+    def pairing_user(self, channel: str, user_id: str) -> str:
+        """The live code of one user (or the denied marker), so a repeated DM repeats it."""
+        return self.key("pairing", "user", channel, user_id)
+
+    def pairing_replies(self, channel: str, user_id: str, hour: str) -> str:
+        return self.key("pairing", "replies", channel, user_id, hour)
+
+    def pairing_pending(self) -> str:
+        """Sorted set of live codes scored by expiry (unix seconds), for listing."""
+        return self.key("pairing", "pending")
+
+    def pairing_approved(self, channel: str) -> str:
+        """Hash of approved user id -> JSON record."""
+        return self.key("pairing", "approved", channel)
+
+    def pairing_events(self) -> str:
+        """Pub/sub channel on which approvals reach the daemon, which tells the user."""
+        return self.key("pairing", "events")
+
+    def pairing_notified(self, code: str) -> str:
+        return self.key("pairing", "notified", code)

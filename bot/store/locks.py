@@ -23,10 +23,10 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
+from agent.tasks import stop_task
 from bot.store.errors import LockTimeout
 from bot.store.keys import Keys
-from bot.store.kv import ttl_ms
-from bot.tasks import stop_task
+from bot.store.kv import EXTEND_IF_OWNER, ttl_ms
 
 log = structlog.get_logger(__name__)
 
@@ -46,13 +46,6 @@ end
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
-end
-return 0
-"""
-
-RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
 return 0
 """
@@ -92,7 +85,7 @@ class Lease:
         self._auto_renew = auto_renew
         self._acquire_timeout_s = acquire_timeout_s
         self._acquire = client.register_script(ACQUIRE)
-        self._renew = client.register_script(RENEW)
+        self._renew = client.register_script(EXTEND_IF_OWNER)
         self._release = client.register_script(RELEASE)
         self._token: str | None = None
         self._held = False

@@ -22,23 +22,25 @@ from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup
 from telegram.error import InvalidToken, TelegramError
 from telegram.request import HTTPXRequest
 
-from agent.types import RunRequest
-from channels.base import ChannelContext, ReplyStream, Target
+from agent.types import RunRequest, TelegramChat
+from channels.base import ChannelContext, ChannelStartError, PairingGate, ReplyStream, Target
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
     CONTROL_COMMANDS,
+    DM_NOT_ALLOWED,
     Access,
     BotIdentity,
     Ignored,
     Inbound,
     MalformedUpdate,
+    display_name,
     normalize_update,
 )
 from channels.telegram.polling import PollingIntake
 from channels.telegram.redact import TokenRedactor, scrub
 from channels.telegram.send import ChatRef, TelegramSender
-from channels.telegram.settings import MESSAGE_LIMIT, TelegramSettings
-from channels.telegram.stream import TYPING_INTERVAL_S, TelegramReplyStream
+from channels.telegram.settings import TelegramSettings
+from channels.telegram.stream import TelegramReplyStream
 from channels.telegram.webhook import BadUpdate, WebhookIntake
 
 log = structlog.get_logger(__name__)
@@ -49,7 +51,7 @@ _COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 APPROVAL_SUMMARY_LIMIT = 3000
 
 
-class TelegramStartError(RuntimeError):
+class TelegramStartError(ChannelStartError):
     """The channel cannot start (e.g. the token was rejected); the message is safe to show."""
 
 
@@ -61,30 +63,19 @@ class TelegramChannel:
     def __init__(
         self,
         settings: TelegramSettings,
-        *,
-        lease_ttl_s: float = 30.0,
-        lease_renew_s: float = 10.0,
-        stall_timeout_s: float = 120.0,
-        poll_timeout_s: int = 25,
-        poll_backoff_s: float = 1.0,
-        typing_interval_s: float = TYPING_INTERVAL_S,
-        send_attempts: int = 4,
-        send_backoff_s: float = 0.5,
-        connect_backoff_s: float = 5.0,
-        message_limit: int = MESSAGE_LIMIT,
     ) -> None:
         self.settings = settings
         self.access = Access(settings)
-        self.lease_ttl_s = lease_ttl_s
-        self.lease_renew_s = lease_renew_s
-        self.stall_timeout_s = stall_timeout_s
-        self.poll_timeout_s = poll_timeout_s
-        self.poll_backoff_s = poll_backoff_s
-        self.typing_interval_s = typing_interval_s
-        self.send_attempts = send_attempts
-        self.send_backoff_s = send_backoff_s
-        self.connect_backoff_s = connect_backoff_s
-        self.message_limit = message_limit
+        self.lease_ttl_s = settings.lease_ttl_s
+        self.lease_renew_s = settings.lease_renew_s
+        self.stall_timeout_s = settings.stall_timeout_s
+        self.poll_timeout_s = settings.poll_timeout_s
+        self.poll_backoff_s = settings.poll_backoff_s
+        self.typing_interval_s = settings.typing_interval_s
+        self.send_attempts = settings.send_attempts
+        self.send_backoff_s = settings.send_backoff_s
+        self.connect_backoff_s = settings.connect_backoff_s
+        self.message_limit = settings.message_limit
         self.me: BotIdentity | None = None
         self.poller: PollingIntake | None = None
         self._ctx: ChannelContext | None = None
@@ -248,8 +239,9 @@ class TelegramChannel:
         ctx = self._ctx
         if ctx is None or self.me is None:
             raise RuntimeError("the telegram channel is not started")
+        access = await self._access_for(update)
         try:
-            decision = normalize_update(update, self.me, self.access, self._command_names)
+            decision = normalize_update(update, self.me, access, self._command_names)
         except MalformedUpdate as exc:
             if strict:
                 raise BadUpdate(str(exc)) from None
@@ -264,6 +256,8 @@ class TelegramChannel:
                          reason=decision.reason)
             else:
                 log.debug("telegram.ignored", update_id=update.update_id, reason=decision.reason)
+            if decision.reason == DM_NOT_ALLOWED and decision.user_id and decision.chat_id:
+                await self._challenge(update, decision.user_id, decision.chat_id)
             if decision.callback_id:
                 await self._answer_callback(decision.callback_id, "Not allowed." if decision.unauthorized else None)
             return
@@ -278,14 +272,31 @@ class TelegramChannel:
             if update.callback_query is not None and update.callback_query.message is not None:
                 await self._remove_buttons(update.callback_query.message.chat.id, update.callback_query.message.message_id)
 
+    def _pairing(self) -> PairingGate | None:
+        return self._ctx.pairing if self._ctx is not None and self.settings.dm_policy == "pairing" else None
+
+    async def _access_for(self, update: Update) -> Access:
+        """With pairing, a sender approved by code counts as listed for this update."""
+        pairing = self._pairing()
+        try:
+            user = update.effective_user
+        except Exception:  # a malformed update: normalize_update says why
+            return self.access
+        if pairing is None or user is None or self.access.user_listed(user):
+            return self.access
+        return self.access.with_user(str(user.id)) if await pairing.is_approved(str(user.id)) else self.access
+
+    async def _challenge(self, update: Update, user_id: str, chat_id: str) -> None:
+        """A stranger's DM under ``dm_policy: pairing``: answered with a code, no LLM call."""
+        pairing = self._pairing()
+        if pairing is None:
+            return
+        user = update.effective_user
+        await pairing.challenge(user_id, display_name(user) if user is not None else user_id, chat_id)
+
     def _run_request(self, inbound: Inbound, ctx: ChannelContext) -> RunRequest:
         key = ctx.session_key(inbound.scope, inbound.chat_id, topic=inbound.topic_id)
         dedupe = f"telegram:cb:{inbound.callback_id}" if inbound.callback_id else f"telegram:{inbound.update_id}"
-        meta = {"chat_type": inbound.chat_type, "is_forum": "true" if inbound.is_forum else "false"}
-        if inbound.username:
-            meta["username"] = inbound.username
-        if self.access.user_listed_id(inbound.user_id, inbound.username):
-            meta["allowlisted"] = "true"
         return RunRequest(
             session_key=key,
             channel="telegram",
@@ -296,7 +307,7 @@ class TelegramChannel:
             text=inbound.text,
             reply_to=inbound.message_id,
             dedupe_key=dedupe,
-            meta=meta,
+            chat=TelegramChat(chat_type=inbound.chat_type, is_forum=inbound.is_forum),
         )
 
     async def _answer_callback(self, callback_id: str, text: str | None) -> None:
@@ -360,7 +371,10 @@ def chat_ref(target: Target) -> ChatRef:
     """Where a reply goes: topic thread if any; a reply to the trigger only in groups."""
     chat_id: int | str = int(target.chat_id) if re.fullmatch(r"-?\d+", target.chat_id) else target.chat_id
     thread = int(target.thread_id) if target.thread_id and target.thread_id.isdigit() else None
-    chat_type = target.meta.get("chat_type") or ("private" if isinstance(chat_id, int) and chat_id > 0 else "group")
+    if isinstance(target.chat, TelegramChat):
+        chat_type: str = target.chat.chat_type
+    else:
+        chat_type = "private" if isinstance(chat_id, int) and chat_id > 0 else "group"
     reply_to = None
     if chat_type != "private" and target.reply_to and target.reply_to.isdigit():
         reply_to = int(target.reply_to)

@@ -22,9 +22,10 @@ import structlog
 from telegram import Bot, Update
 from telegram.error import Conflict, Forbidden, InvalidToken, NetworkError, RetryAfter, TelegramError
 
+from agent.tasks import raise_if_cancelled
 from channels.base import KeyValue
 from channels.telegram.redact import scrub
-from channels.telegram.send import raise_if_cancelled, retry_after_seconds
+from channels.telegram.send import retry_after_seconds
 
 log = structlog.get_logger(__name__)
 

@@ -24,6 +24,7 @@ from telegram import Bot, InlineKeyboardMarkup, Message, ReplyParameters
 from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, ChatMigrated, NetworkError, RetryAfter, TelegramError
 
+from agent.tasks import raise_if_cancelled
 from channels.telegram.format import html_to_plain
 from channels.telegram.redact import scrub
 
@@ -40,18 +41,6 @@ class ChatRef:
     chat_id: ChatId
     thread_id: int | None = None
     reply_to: int | None = None
-
-
-def raise_if_cancelled() -> None:
-    """Re-raise a cancellation that a library swallowed.
-
-    The HTTP stack (httpcore on anyio) can absorb a task's CancelledError and return the
-    response normally; the task stays marked as cancelling, so check after each call and
-    stop loops that were asked to stop.
-    """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
-        raise asyncio.CancelledError
 
 
 def is_parse_error(exc: BaseException) -> bool:

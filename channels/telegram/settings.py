@@ -1,7 +1,7 @@
 """The Telegram channel's settings, decoupled from the daemon's config model.
 
 Channels may not import ``bot``, so the daemon maps its ``telegram`` config section to
-this dataclass (or hands the section to :meth:`TelegramSettings.from_section`, which
+this dataclass (or hands the section to :meth:`TelegramSettings.from_config`, which
 only reads attributes). Secrets are kept out of ``repr``.
 """
 
@@ -27,11 +27,22 @@ class TelegramSettings:
     webhook_url: str | None = None
     webhook_secret: str | None = field(default=None, repr=False)
     webhook_path: str = "/telegram"
-    dm_policy: Literal["allowlist", "open"] = "allowlist"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     require_mention: bool = True
     stream_edit_interval_s: float = 1.0
+    # Tuning (defaults suit production; tests shorten them).
+    lease_ttl_s: float = 30.0  # the polling leader's lease (``telegram.poll_lease_s``)
+    lease_renew_s: float = 10.0
+    stall_timeout_s: float = 120.0
+    poll_timeout_s: int = 25
+    poll_backoff_s: float = 1.0
+    typing_interval_s: float = 4.0
+    send_attempts: int = 4
+    send_backoff_s: float = 0.5
+    connect_backoff_s: float = 5.0
+    message_limit: int = MESSAGE_LIMIT
 
     def __post_init__(self) -> None:
         if not self.token or ":" not in self.token:
@@ -44,14 +55,17 @@ class TelegramSettings:
             raise ValueError("telegram.webhook_secret may only use A-Z a-z 0-9 _ - (1 to 256 characters)")
         if not self.webhook_path.startswith("/"):
             raise ValueError("telegram.webhook_path must start with '/'")
-        if self.dm_policy not in ("allowlist", "open"):
-            raise ValueError(f"telegram.dm_policy must be allowlist or open, got {self.dm_policy!r}")
+        if self.dm_policy not in ("allowlist", "open", "pairing"):
+            raise ValueError(f"telegram.dm_policy must be allowlist, open or pairing, got {self.dm_policy!r}")
         if self.stream_edit_interval_s <= 0:
             raise ValueError("telegram.stream_edit_interval_s must be positive")
 
     @classmethod
-    def from_section(cls, section: Any) -> TelegramSettings:
+    def from_config(cls, section: Any, **tuning: Any) -> TelegramSettings:
         """Build from any object with the config section's attributes (secrets may be SecretStr)."""
+        lease_s = getattr(section, "poll_lease_s", None)
+        if lease_s is not None:
+            tuning = {"lease_ttl_s": float(lease_s), "lease_renew_s": float(lease_s) / 3, **tuning}
         return cls(
             token=_reveal(section.token) or "",
             api_base_url=section.api_base_url,
@@ -64,6 +78,7 @@ class TelegramSettings:
             groups=tuple(str(x) for x in section.groups),
             require_mention=bool(section.require_mention),
             stream_edit_interval_s=float(section.stream_edit_interval_s),
+            **tuning,
         )
 
     @property

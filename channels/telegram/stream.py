@@ -18,12 +18,13 @@ from collections.abc import Callable
 import structlog
 from telegram.error import BadRequest, TelegramError
 
+from agent.tasks import raise_if_cancelled
 from channels.telegram.redact import scrub
-from channels.telegram.send import ChatRef, TelegramSender, raise_if_cancelled
+from channels.telegram.send import ChatRef, TelegramSender
 
 log = structlog.get_logger(__name__)
 
-TYPING_INTERVAL_S = 4.0
+TYPING_INTERVAL_S = 4.0  # the default of TelegramSettings.typing_interval_s
 
 
 class TelegramReplyStream:

@@ -282,12 +282,13 @@ async def sched(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Asy
 
 async def test_at_job_fires_once_delivers_and_is_removed(sched: Sched) -> None:
     sched.router.on("mk-at-fire", Reply.text("The nightly build is green."))
-    at = (datetime.now(UTC) + timedelta(seconds=5)).replace(microsecond=0)
+    # Far enough ahead that a slow CLI start on a loaded machine still adds it in the future.
+    at = (datetime.now(UTC) + timedelta(seconds=15)).replace(microsecond=0)
     job_id = await sched.add(
         "--at", at.isoformat(), "--chat-id", str(C_AT), "--prompt", "mk-at-fire check the build"
     )
 
-    await sched.wait_text(C_AT, "The nightly build is green.")
+    await sched.wait_text(C_AT, "The nightly build is green.", within=40.0)
     [record] = await sched.wait_ledger(job_id)
     assert record["run_status"] == "ok" and record["delivery_status"] == "delivered", record
     assert record["trigger"] == "schedule"

@@ -10,7 +10,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from tests.fakes.openai_server import Reply
+from tests.fakes.openai_wire import Reply
 
 
 def last_user_text(body: dict[str, Any]) -> str:

@@ -7,7 +7,8 @@ built on it) runs against it unchanged:
   ``data: {chat.completion.chunk}\\n\\n`` … ``data: [DONE]\\n\\n``; a final usage chunk
   with ``"choices": []`` when ``stream_options.include_usage`` is set) and
   non-streaming (one ``chat.completion`` JSON object).
-* ``GET /v1/models`` — the model list (for health checks).
+* ``GET /v1/models`` — the model list (for health checks); ``FakeOpenAI(serve_models=False)``
+  answers 404 there, like the many compatible servers that have no such route.
 
 With ``FakeOpenAI(api_key="…")`` both answer 401 unless ``Authorization: Bearer …`` matches.
 
@@ -43,6 +44,18 @@ Reply kinds (all are ``Reply`` instances; keyword arguments combine freely):
 * ``Reply.garbage(after_chunks=1)`` — an unparsable ``data:`` line mid-stream.
 * ``Reply.stream_error(after_chunks=1)`` — an in-stream ``{"error": …}`` event (what
   OpenAI sends when a server error happens after the 200 headers), then the end.
+* ``Reply.truncated(after_chunks=3, done=False)`` — the stream ends cleanly after that
+  many events, without a finish_reason (``done``: with ``data: [DONE]`` anyway);
+  ``after_chunks=0`` with ``done=True`` is a stream of only ``[DONE]``.
+* ``Reply.raw(body, content_type)`` / ``Reply.html()`` — a 200 with that body verbatim
+  (e.g. an empty body, a JSON object without ``choices``, an HTML page).
+* ``json_when_streamed=True`` — a plain ``chat.completion`` JSON body even when a stream
+  was asked for; ``omit_finish_reason=True`` — the whole answer with ``finish_reason``
+  null; ``no_choices=True`` — every chunk has ``"choices": []``;
+  ``finish_reason="length"`` / ``"content_filter"`` — an answer the model stopped early;
+  ``args_as="whole"`` / ``"object"`` — each tool call in one delta, its arguments one
+  string or a JSON object (default ``"split"``: name first, arguments in pieces);
+  ``reasoning_field="reasoning"`` / ``"thinking"`` — where reasoning goes.
 * ``first_byte_delay_s`` / ``chunk_delay_s`` on any reply override the server's
   ``latency_s`` (before the first byte) and ``chunk_delay_s`` (between chunks).
 
@@ -69,162 +82,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import dataclasses
 import inspect
 import json
 import math
 import signal
-import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
+from tests.fakes.openai_wire import Call, Reply, completion_body, stream_chunks
+
+__all__ = ["Call", "EventCounter", "FakeOpenAI", "Reply", "echo_last_user", "main"]
+
 Responder = Callable[[dict[str, Any]], "Reply | Awaitable[Reply]"]
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    403: "permission_error",
-    404: "invalid_request_error",
-    429: "rate_limit_exceeded",
-}
-
-
-@dataclass
-class Call:
-    """One tool call the fake model makes; ``arguments`` as a dict (JSON-encoded) or a raw string."""
-
-    name: str
-    arguments: dict[str, Any] | str = field(default_factory=dict)
-    id: str | None = None
-
-    def raw_arguments(self) -> str:
-        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
-
-
-@dataclass
-class Reply:
-    """One scripted answer of the fake model (see the module docstring for the kinds).
-
-    Build one with the factories (``Reply.text``, ``Reply.tool_calls``, ``Reply.error``,
-    ``Reply.disconnect``, ``Reply.garbage``, ``Reply.stream_error``); the fields hold
-    the assistant ``content`` and tool ``calls`` plus timing and fault settings.
-    """
-
-    content: str = ""
-    calls: list[Call] = field(default_factory=list)
-    reasoning: str = ""
-    reasoning_field: str = "reasoning_content"
-    usage: bool | dict[str, int] = True
-    finish_reason: str | None = None
-    chunk_chars: int = 4
-    omit_tool_index: bool = False
-    status: int = 200
-    retry_after: float | str | None = None
-    body: Any = None
-    disconnect_after: int | None = None
-    garbage_after: int | None = None
-    stream_error_after: int | None = None
-    first_byte_delay_s: float | None = None
-    chunk_delay_s: float | None = None
-    model: str | None = None
-
-    @classmethod
-    def text(cls, text: str, **kw: Any) -> Reply:
-        """A text answer, streamed in ``chunk_chars`` pieces."""
-        return cls(content=text, **kw)
-
-    @classmethod
-    def tool_calls(cls, calls: Iterable[Call | tuple[str, Any]], text: str = "", **kw: Any) -> Reply:
-        """Tool calls (``Call`` or ``(name, arguments)``), optionally after some text."""
-        return cls(content=text, calls=[_as_call(c) for c in calls], **kw)
-
-    @classmethod
-    def error(
-        cls, status: int, *, retry_after: float | str | None = None, body: Any = None, message: str | None = None
-    ) -> Reply:
-        """An HTTP error status with an OpenAI-style error body (or ``body`` verbatim)."""
-        if body is None:
-            body = {
-                "error": {
-                    "message": message or f"fake error {status}",
-                    "type": _ERROR_TYPES.get(status, "server_error"),
-                    "param": None,
-                    "code": None,
-                }
-            }
-        return cls(status=status, retry_after=retry_after, body=body)
-
-    @classmethod
-    def disconnect(cls, after_chunks: int = 2, text: str = "this answer is cut off before it ends") -> Reply:
-        """Drop the connection after ``after_chunks`` SSE events."""
-        return cls(content=text, disconnect_after=after_chunks)
-
-    @classmethod
-    def garbage(cls, after_chunks: int = 1, text: str = "this answer turns into garbage") -> Reply:
-        """Send an unparsable ``data:`` line after ``after_chunks`` events."""
-        return cls(content=text, garbage_after=after_chunks)
-
-    @classmethod
-    def stream_error(
-        cls, after_chunks: int = 2, text: str = "this answer fails midway", message: str = "The server had an error"
-    ) -> Reply:
-        """Send an in-stream error event after ``after_chunks`` events (status already 200)."""
-        body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
-        return cls(content=text, stream_error_after=after_chunks, body=body)
-
-    @classmethod
-    def from_json(cls, data: Any) -> Reply:
-        """Build from the control API's JSON (``text``/``tool_calls`` accepted as aliases of
-        ``content``/``calls``); raises ValueError naming the bad field."""
-        if not isinstance(data, dict):
-            raise ValueError(f"a reply must be a JSON object, got {type(data).__name__}")
-        data = dict(data)
-        if "text" in data:
-            data["content"] = data.pop("text")
-        if "tool_calls" in data:
-            data["calls"] = data.pop("tool_calls")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown reply field(s): {', '.join(unknown)}")
-        calls = data.pop("calls", [])
-        if not isinstance(calls, list):
-            raise ValueError("tool_calls must be a list")
-        parsed: list[Call] = []
-        for c in calls:
-            if not isinstance(c, dict) or not isinstance(c.get("name"), str):
-                raise ValueError("each tool call needs a string 'name'")
-            args = c.get("arguments", {})
-            if not isinstance(args, dict | str):
-                raise ValueError("tool call 'arguments' must be an object or a string")
-            parsed.append(Call(name=c["name"], arguments=args, id=c.get("id")))
-        for name, value in data.items():
-            expected = _FIELD_TYPES.get(name)
-            if expected is not None and value is not None and (
-                not isinstance(value, expected) or (isinstance(value, bool) and bool not in expected)
-            ):
-                raise ValueError(f"reply field {name!r} has the wrong type ({type(value).__name__})")
-        return cls(calls=parsed, **data)
-
-
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "content": (str,), "reasoning": (str,), "reasoning_field": (str,), "finish_reason": (str,), "model": (str,),
-    "usage": (bool, dict), "chunk_chars": (int,), "omit_tool_index": (bool,), "status": (int,),
-    "retry_after": (int, float, str), "disconnect_after": (int,), "garbage_after": (int,),
-    "stream_error_after": (int,), "first_byte_delay_s": (int, float), "chunk_delay_s": (int, float),
-}
-
-
-def _as_call(c: Call | tuple[str, Any]) -> Call:
-    if isinstance(c, Call):
-        return c
-    name, args = c
-    return Call(name=name, arguments=args)
 
 
 class EventCounter:
@@ -293,6 +165,7 @@ class FakeOpenAI:
         responder: Responder | None = None,
         api_key: str | None = None,
         models: Iterable[str] = ("gpt-4o-mini",),
+        serve_models: bool = True,
     ) -> None:
         self.host = host
         self.port = port
@@ -301,6 +174,7 @@ class FakeOpenAI:
         self.responder: Responder = responder or echo_last_user
         self.api_key = api_key
         self.models = list(models)
+        self.serve_models = serve_models
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         self.disconnects = EventCounter()
@@ -418,7 +292,10 @@ class FakeOpenAI:
         if reply.status != 200:
             state["done"] = True
             return _error_response(reply)
-        if body.get("stream"):
+        if reply.raw_body is not None:
+            state["done"] = True
+            return web.Response(body=reply.raw_body.encode(), headers={"Content-Type": reply.content_type})
+        if body.get("stream") and not reply.json_when_streamed:
             return await self._stream(request, body, reply, state)
         return await self._complete(request, body, reply, state)
 
@@ -433,7 +310,7 @@ class FakeOpenAI:
             return web.Response(text="{not json", content_type="application/json")
         if reply.stream_error_after is not None:
             return _error_response(Reply.error(500, body=reply.body))
-        return web.json_response(_completion(body, reply))
+        return web.json_response(completion_body(body, reply))
 
     async def _stream(
         self, request: web.Request, body: dict[str, Any], reply: Reply, state: dict[str, bool]
@@ -443,7 +320,7 @@ class FakeOpenAI:
         )
         await resp.prepare(request)
         delay = self.chunk_delay_s if reply.chunk_delay_s is None else reply.chunk_delay_s
-        for sent, chunk in enumerate(_chunks(body, reply)):
+        for sent, chunk in enumerate(stream_chunks(body, reply)):
             if sent == reply.disconnect_after:
                 state["done"] = True
                 _abort(request)
@@ -453,6 +330,10 @@ class FakeOpenAI:
                 break
             if sent == reply.stream_error_after:
                 await _write(resp, b"data: " + json.dumps(reply.body).encode() + b"\n\n")
+                break
+            if sent == reply.cut_after:
+                if reply.done_after_cut:
+                    await _write(resp, b"data: [DONE]\n\n")
                 break
             if sent and delay > 0:
                 await asyncio.sleep(delay)
@@ -465,6 +346,8 @@ class FakeOpenAI:
         return resp
 
     async def _models(self, request: web.Request) -> web.Response:
+        if not self.serve_models:
+            return web.json_response({"error": {"message": "Not Found", "type": "not_found"}}, status=404)
         denied = self._unauthorized(request)
         if denied is not None:
             return denied
@@ -525,94 +408,6 @@ def _error_response(reply: Reply) -> web.Response:
     if isinstance(reply.body, str):
         return web.Response(status=reply.status, text=reply.body, headers=headers)
     return web.json_response(reply.body, status=reply.status, headers=headers)
-
-
-def _pieces(text: str, size: int) -> list[str]:
-    size = max(1, size)
-    return [text[i : i + size] for i in range(0, len(text), size)]
-
-
-def _usage(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
-    if isinstance(reply.usage, dict):
-        usage = dict(reply.usage)
-        usage.setdefault("total_tokens", usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0))
-        return usage
-    prompt = max(1, len(json.dumps(body.get("messages", []))) // 4)
-    produced = len(reply.content) + len(reply.reasoning) + sum(len(c.name) + len(c.raw_arguments()) for c in reply.calls)
-    completion = max(1, produced // 4)
-    usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-    if reply.reasoning:
-        usage["completion_tokens_details"] = {"reasoning_tokens": max(1, len(reply.reasoning) // 4)}
-    return usage
-
-
-def _finish_reason(reply: Reply) -> str:
-    return reply.finish_reason or ("tool_calls" if reply.calls else "stop")
-
-
-def _call_ids(reply: Reply) -> list[str]:
-    return [c.id or f"call_{uuid.uuid4().hex[:24]}" for c in reply.calls]
-
-
-def _chunks(body: dict[str, Any], reply: Reply) -> Iterable[dict[str, Any]]:
-    """Every chat.completion.chunk of a streamed reply, in the order OpenAI sends them."""
-    include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-    base: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": reply.model or body.get("model") or "fake",
-        "system_fingerprint": "fp_fake",
-    }
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        out = dict(base, choices=[{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}])
-        if include_usage:
-            out["usage"] = None
-        return out
-
-    yield chunk({"role": "assistant", "content": "", "refusal": None})
-    for piece in _pieces(reply.reasoning, reply.chunk_chars):
-        yield chunk({reply.reasoning_field: piece})
-    for piece in _pieces(reply.content, reply.chunk_chars):
-        yield chunk({"content": piece})
-    for index, (call, call_id) in enumerate(zip(reply.calls, _call_ids(reply), strict=True)):
-        head: dict[str, Any] = {"index": index, "id": call_id, "type": "function",
-                                "function": {"name": call.name, "arguments": ""}}
-        if reply.omit_tool_index:
-            del head["index"]
-        yield chunk({"tool_calls": [head]})
-        for piece in _pieces(call.raw_arguments(), reply.chunk_chars):
-            part: dict[str, Any] = {"index": index, "function": {"arguments": piece}}
-            if reply.omit_tool_index:
-                del part["index"]
-            yield chunk({"tool_calls": [part]})
-    yield chunk({}, _finish_reason(reply))
-    if include_usage and reply.usage is not False:
-        yield dict(base, choices=[], usage=_usage(body, reply))
-
-
-def _completion(body: dict[str, Any], reply: Reply) -> dict[str, Any]:
-    """A non-streaming chat.completion object."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.content or None, "refusal": None}
-    if reply.calls:
-        message["tool_calls"] = [
-            {"id": call_id, "type": "function", "function": {"name": c.name, "arguments": c.raw_arguments()}}
-            for c, call_id in zip(reply.calls, _call_ids(reply), strict=True)
-        ]
-    if reply.reasoning:
-        message[reply.reasoning_field] = reply.reasoning
-    out: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": reply.model or body.get("model") or "fake",
-        "system_fingerprint": "fp_fake",
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": _finish_reason(reply)}],
-    }
-    if reply.usage is not False:
-        out["usage"] = _usage(body, reply)
-    return out
 
 
 # -- command line ---------------------------------------------------------------------

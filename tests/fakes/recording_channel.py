@@ -42,6 +42,9 @@ class RecordingChannel:
     async def stop(self) -> None:
         return None
 
+    async def aclose(self) -> None:
+        return None
+
     def is_ready(self) -> bool:
         return True
 

@@ -162,7 +162,7 @@ class TelegramHarness:
         opts: dict[str, Any] = {"lease_ttl_s": 3.0, "lease_renew_s": 0.5, "poll_timeout_s": 1,
                                    "poll_backoff_s": 0.05, "send_backoff_s": 0.05, "typing_interval_s": 0.5}
         opts.update(tuning or {})
-        channel = TelegramChannel(self.make_settings(**overrides), **opts)
+        channel = TelegramChannel(self.make_settings(**{**opts, **overrides}))
         self.channels.append(channel)
         if start:
             await channel.start(self.recorder.context(replica_id))

@@ -160,7 +160,7 @@ class Bot:
     async def _idle(self, sk: str) -> bool:
         prefix = self.cfg.redis.prefix
         busy = await self.redis.exists(f"{prefix}:inbox:{sk}", f"{prefix}:running:{sk}", self.keys.lock(sk))
-        return not busy and sk not in self.gateway._workers
+        return not busy and sk not in self.gateway.workers.tasks
 
     async def stop(self) -> None:
         if not self.stopped:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from agent.guard import BLOCKED_REASON
-from bot.gateway.commands import HELP_TEXT
+from bot.gateway.control import HELP_TEXT
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.integration.gateway_harness import (
     Gate,

@@ -9,8 +9,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from agent.types import Message, RunResult
-from bot.gateway.delivery import DeliveryLedger
 from bot.gateway.inbox import Inbox
+from bot.gateway.reply import DeliveryLedger
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.recording_channel import RecordingChannel
 from tests.integration.gateway_harness import (

@@ -13,16 +13,16 @@ import pytest
 import redis.asyncio as aioredis
 
 from agent.types import RunRequest
-from scheduler.claims import FireClaims
-from scheduler.clock import utc_now
+from bot.gateway.signals import Broadcast
+from bot.store.keys import Keys
 from scheduler.cron_commands import CronAddOptions, cron_add, cron_run_now, wait_for_run
 from scheduler.cron_tool import CronTool
 from scheduler.jobs import CronJob
 from scheduler.ports import JobTarget
-from scheduler.schedules import AtSchedule, EverySchedule
+from scheduler.schedules import AtSchedule, EverySchedule, utc_now
 from scheduler.service import SchedulerService
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
-from scheduler.store import JobStore
+from scheduler.store import FireClaims, JobStore
 from tests.unit.test_schedule_fakes import RecordingRunner, wait_until
 
 TARGET = JobTarget(channel="telegram", chat_id="-1009")
@@ -33,6 +33,7 @@ Factory = Callable[..., Awaitable[tuple[SchedulerService, RecordingRunner]]]
 async def replicas(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path) -> AsyncIterator[Factory]:
     """Start replicas on demand; every one is stopped at the end."""
     started: list[SchedulerService] = []
+    listeners: list[Broadcast] = []
 
     async def start(
         *,
@@ -43,10 +44,12 @@ async def replicas(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Pa
         misfire_grace_s: float = 60.0,
     ) -> tuple[SchedulerService, RecordingRunner]:
         runner = runner or RecordingRunner()
+        signals = Broadcast(redis_client)
         service = SchedulerService(
             redis_client,
-            redis_prefix,
+            Keys(redis_prefix),
             runner,
+            signals=signals,
             heartbeat=heartbeat or HeartbeatSettings(),
             settings=SchedulerSettings(  # type: ignore[arg-type]
                 catch_up=catch_up, resync_interval_s=resync_s, misfire_grace_s=misfire_grace_s
@@ -56,6 +59,8 @@ async def replicas(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Pa
             heartbeat_session_key="agent:main:heartbeat",
             instance_id=f"replica-{len(started)}",
         )
+        listeners.append(signals)
+        await signals.start()
         await service.start()
         started.append(service)
         return service, runner
@@ -63,6 +68,8 @@ async def replicas(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Pa
     yield start
     for service in started:
         await service.stop(grace_s=1.0)
+    for signals in listeners:
+        await signals.close()
 
 
 def all_requests(*runners: RecordingRunner) -> list[RunRequest]:
@@ -80,7 +87,7 @@ async def test_one_fire_runs_once_across_replicas(
 ) -> None:
     a, runner_a = await replicas()
     b, runner_b = await replicas()
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     job_id = await cron_add(
         store, CronAddOptions(prompt="ping", channel="telegram", chat_id="-1009", in_="1s")
     )
@@ -112,7 +119,7 @@ async def test_a_job_added_elsewhere_is_scheduled_by_every_replica(
 ) -> None:
     a, _ = await replicas()
     b, _ = await replicas()
-    store = JobStore(redis_client, redis_prefix)  # like the CLI: no scheduler of its own
+    store = JobStore(redis_client, Keys(redis_prefix))  # like the CLI: no scheduler of its own
     job_id = await cron_add(
         store, CronAddOptions(prompt="p", channel="slack", chat_id="C1", cron="0 9 * * 0", tz="Europe/Berlin")
     )
@@ -146,7 +153,7 @@ async def test_resync_repairs_a_lost_change_message(
     replicas: Factory, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     a, _ = await replicas()
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     job = stored_job("quiet", schedule=EverySchedule(every_s=3600, anchor=utc_now()), created_at=utc_now())
     await redis_client.set(store.job_key(job.id), job.model_dump_json())  # written without a notification
     await redis_client.sadd(store.index_key, job.id)
@@ -163,7 +170,7 @@ async def test_periodic_resync_picks_up_jobs(
     replicas: Factory, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     a, _ = await replicas(resync_s=0.2)
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     job = stored_job("silent", schedule=EverySchedule(every_s=3600, anchor=utc_now()), created_at=utc_now())
     await redis_client.set(store.job_key(job.id), job.model_dump_json())
     await redis_client.sadd(store.index_key, job.id)
@@ -175,7 +182,7 @@ async def test_missed_runs_catch_up_once(
 ) -> None:
     now = utc_now().replace(microsecond=0)
     created = now - timedelta(hours=5, minutes=10)
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     await store.add(
         stored_job("hourly", schedule=EverySchedule(every_s=3600, anchor=created), created_at=created)
     )
@@ -190,7 +197,7 @@ async def test_missed_runs_catch_up_once(
     await a.stop()
     _, runner_c = await replicas()
     assert not await wait_until(lambda: len(runner_c.requests) > 0, 1.0)
-    assert await FireClaims(redis_client, redis_prefix).last_fire("hourly") == created + timedelta(hours=5)
+    assert await FireClaims(redis_client, Keys(redis_prefix)).last_fire("hourly") == created + timedelta(hours=5)
 
 
 async def test_missed_runs_after_the_last_recorded_fire(
@@ -198,11 +205,11 @@ async def test_missed_runs_after_the_last_recorded_fire(
 ) -> None:
     now = utc_now().replace(microsecond=0)
     created = now - timedelta(days=2, minutes=10)
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     await store.add(
         stored_job("hourly", schedule=EverySchedule(every_s=3600, anchor=created), created_at=created)
     )
-    await FireClaims(redis_client, redis_prefix).note_fire(
+    await FireClaims(redis_client, Keys(redis_prefix)).note_fire(
         "hourly", now - timedelta(minutes=10)
     )  # the latest grid time
     _, runner = await replicas()
@@ -214,7 +221,7 @@ async def test_skip_mode_records_instead_of_running(
 ) -> None:
     now = utc_now().replace(microsecond=0)
     created = now - timedelta(hours=3, minutes=10)
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     await store.add(
         stored_job("hourly", schedule=EverySchedule(every_s=3600, anchor=created), created_at=created)
     )
@@ -247,7 +254,7 @@ async def test_overdue_one_shot_runs_once_then_is_removed(
     replicas: Factory, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     now = utc_now().replace(microsecond=0)
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     await store.add(
         stored_job(
             "late", schedule=AtSchedule(at=now - timedelta(minutes=40)), created_at=now - timedelta(hours=1)
@@ -268,7 +275,7 @@ async def test_heartbeat_catches_up_once_after_downtime(
     replicas: Factory, redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path
 ) -> None:
     (tmp_path / "HEARTBEAT.md").write_text("- look at the error dashboard\n", encoding="utf-8")
-    await FireClaims(redis_client, redis_prefix).note_fire("heartbeat", utc_now() - timedelta(hours=2))
+    await FireClaims(redis_client, Keys(redis_prefix)).note_fire("heartbeat", utc_now() - timedelta(hours=2))
     heartbeat = HeartbeatSettings(enabled=True, every="30m", target=TARGET)
     a, runner_a = await replicas(heartbeat=heartbeat)
     b, runner_b = await replicas(heartbeat=heartbeat)
@@ -288,7 +295,7 @@ async def test_first_start_sets_the_heartbeat_baseline_without_a_run(
 ) -> None:
     (tmp_path / "HEARTBEAT.md").write_text("- task\n", encoding="utf-8")
     _, runner = await replicas(heartbeat=HeartbeatSettings(enabled=True, every="30m", target=TARGET))
-    assert await FireClaims(redis_client, redis_prefix).last_fire("heartbeat") is not None
+    assert await FireClaims(redis_client, Keys(redis_prefix)).last_fire("heartbeat") is not None
     assert not await wait_until(lambda: len(runner.requests) > 0, 0.5)
 
 
@@ -299,7 +306,7 @@ async def test_run_now_through_redis_reaches_exactly_one_replica(
     heartbeat = HeartbeatSettings(enabled=True, every="1h", target=TARGET)
     _, runner_a = await replicas(heartbeat=heartbeat)
     _, runner_b = await replicas(heartbeat=heartbeat)
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     job_id = await cron_add(store, CronAddOptions(prompt="p", channel="telegram", chat_id="5", every="1d"))
     request_id = await cron_run_now(store, job_id)
     record = await wait_for_run(store, job_id, request_id, timeout_s=5, poll_s=0.05)
@@ -315,7 +322,7 @@ async def test_run_now_through_redis_reaches_exactly_one_replica(
 async def test_stale_run_now_requests_are_recorded_not_run(
     replicas: Factory, redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     job_id = await cron_add(store, CronAddOptions(prompt="p", channel="telegram", chat_id="5", every="1d"))
     old = await store.request_run_now(job_id, utc_now() - timedelta(hours=3))
     _, runner = await replicas()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from agent.types import RunRequest
+from agent.types import RunRequest, SlackChat
 from channels.base import ChannelAdapter, SubmitResult, Target
 from channels.slack import SlackChannel, SlackSettings, SlackStartError
 from tests.fakes.slack_context import RecordingContext, RedisKeyValue
@@ -72,7 +72,7 @@ async def test_app_mention_is_acked_and_submitted_with_thread_session(
     [req] = await rec.wait_requests(1)
     assert req.session_key == "agent:main:slack:channel:C1:thread:111.1"
     assert (req.chat_id, req.thread_id, req.reply_to, req.text) == ("C1", "111.1", "111.1", "summarize this")
-    assert req.meta["team"] == fake.team_id
+    assert isinstance(req.chat, SlackChat) and req.chat.team == fake.team_id
 
 
 async def test_dm_and_thread_follow_up(fake: FakeSlack, rec: RecordingContext, channel: SlackChannel) -> None:

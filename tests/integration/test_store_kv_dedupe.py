@@ -8,7 +8,8 @@ import math
 import pytest
 import redis.asyncio as aioredis
 
-from bot.store import Deduper, Keys, RedisKeyValue
+from bot.gateway.inbox import Deduper
+from bot.store import Keys, RedisKeyValue
 from channels.base import KeyValue
 
 
@@ -105,11 +106,13 @@ def test_key_names() -> None:
     assert keys.session_ops(sk) == f"botd:session:{sk}:ops"
     assert keys.session_index() == "botd:sessions"
     assert keys.lock(sk) == f"botd:lock:{sk}"
-    assert keys.lease("telegram-polling") == "botd:lease:telegram-polling"
+    assert keys.compaction(sk) == f"botd:compaction:{sk}"
     assert keys.dedupe("telegram:1") == "botd:dedupe:telegram:1"
     assert keys.kv("x") == "botd:kv:x"
     assert keys.fire("heartbeat", "2025-01-01T09:00:00Z") == "botd:fire:heartbeat:2025-01-01T09:00:00Z"
-    assert keys.key("inbox", sk) == f"botd:inbox:{sk}"
+    assert keys.key("inbox", sk) == keys.inbox(sk) == f"botd:inbox:{sk}"
+    assert keys.cron_runs("daily") == "botd:cron:runs:daily"
+    assert keys.cron_last_fire() == "botd:cron:last_fire"
     assert keys.pattern("cron") == "botd:cron:*"
 
 

@@ -177,7 +177,7 @@ async def test_acquire_twice_and_bad_ttl_are_errors(redis_client: aioredis.Redis
 
 
 async def test_lease_elects_one_leader_and_hands_over(redis_client: aioredis.Redis, keys: Keys) -> None:
-    key = keys.lease("telegram-polling")
+    key = keys.compaction(SK)
     replicas = [Lease(redis_client, key, ttl_s=TTL, owner=f"replica-{i}") for i in range(3)]
     won = await asyncio.gather(*(r.acquire(wait=False) for r in replicas))
     assert sum(won) == 1

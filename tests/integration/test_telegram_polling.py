@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
+from agent.types import TelegramChat
 from tests.fakes.telegram_context import TelegramHarness
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +33,7 @@ async def test_dm_is_submitted_as_run_request(h: TelegramHarness) -> None:
     assert (req.channel, req.chat_id, req.user_id, req.user_name, req.text) == ("telegram", "42", "42", "Ann", "hello bot")
     assert req.dedupe_key == f"telegram:{update_id}"
     assert req.reply_to == str(msg["message_id"]) and req.thread_id is None
-    assert req.meta["chat_type"] == "private" and req.meta["allowlisted"] == "true"
+    assert req.chat == TelegramChat(chat_type="private", is_forum=False)
 
 
 async def test_group_topic_session_and_thread(h: TelegramHarness) -> None:
@@ -40,7 +43,7 @@ async def test_group_topic_session_and_thread(h: TelegramHarness) -> None:
     topic, general = await h.recorder.wait_requests(2)
     assert topic.session_key == "agent:main:telegram:group:-1005:topic:77" and topic.thread_id == "77"
     assert general.session_key == "agent:main:telegram:group:-1005" and general.thread_id is None
-    assert topic.meta["is_forum"] == "true"
+    assert isinstance(topic.chat, TelegramChat) and topic.chat.is_forum
 
 
 async def test_deletes_webhook_before_polling(h: TelegramHarness) -> None:
@@ -191,3 +194,27 @@ async def test_rejected_token_fails_start_without_leaking_it(h: TelegramHarness)
         await channel.start(h.recorder.context())
     assert "wrong-token-value" not in str(err.value)
     await channel.stop()
+
+
+async def test_botd_run_with_a_rejected_token_prints_one_line_and_exits_2(
+    h: TelegramHarness, redis_url: str, redis_prefix: str, tmp_path: Path
+) -> None:
+    config = tmp_path / "botd.yaml"
+    config.write_text(
+        f"agent: {{workspace: {tmp_path / 'ws'}}}\n"
+        f"redis: {{url: '{redis_url}', prefix: {redis_prefix}}}\n"
+        "llm: {api_key: test-key}\n"
+        "http: {port: 0}\n"
+        f"telegram: {{enabled: true, token: '999:wrong-token-value', api_base_url: '{h.fake.base_url}'}}\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot.cli", "run", "--config", str(config),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _, raw_err = await asyncio.wait_for(proc.communicate(), timeout=120)
+    err = raw_err.decode()
+    assert proc.returncode == 2, err
+    lines = [line for line in err.splitlines() if line.startswith("botd:")]
+    assert lines == ["botd: the Bot API rejected telegram.token; check the token"]
+    assert "Traceback" not in err
+    assert "wrong-token-value" not in err

@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 from telegram.error import NetworkError
 
+from agent.types import TelegramChat
 from channels.base import Target
 from channels.chunking import utf16_len
 from channels.telegram.adapter import TelegramChannel
@@ -19,11 +20,11 @@ from tests.fakes.telegram_context import TelegramHarness
 
 pytestmark = pytest.mark.timeout(60)
 
-DM = Target(channel="telegram", chat_id="42", reply_to="7", meta={"chat_type": "private"})
-GROUP = Target(channel="telegram", chat_id="-1001", reply_to="7", meta={"chat_type": "supergroup"})
+DM = Target(channel="telegram", chat_id="42", reply_to="7", chat=TelegramChat(chat_type="private"))
+GROUP = Target(channel="telegram", chat_id="-1001", reply_to="7", chat=TelegramChat(chat_type="supergroup"))
 TOPIC = Target(channel="telegram", chat_id="-1003", thread_id="77", reply_to="9",
-               meta={"chat_type": "supergroup", "is_forum": "true"})
-GENERAL = Target(channel="telegram", chat_id="-1003", reply_to="10", meta={"chat_type": "supergroup", "is_forum": "true"})
+               chat=TelegramChat(chat_type="supergroup", is_forum=True))
+GENERAL = Target(channel="telegram", chat_id="-1003", reply_to="10", chat=TelegramChat(chat_type="supergroup", is_forum=True))
 
 
 @pytest.fixture

@@ -113,7 +113,7 @@ async def test_botd_files_are_denied_whatever_the_allowed_paths(tmp_path: Path) 
     config_file = workspace / "botd.yaml"
     config_file.write_text(f"# {SECRET}\n")
     cfg = BotdConfig.model_validate({"agent": {"workspace": str(workspace)}, "security": {"allowed_paths": ["/"]}})
-    cfg._config_file = config_file
+    cfg.source = config_file
     settings = ToolSettings(workspace=workspace, allowed_paths=(Path("/"),), denied_paths=tuple(hidden_paths(cfg)))
     ctx = ToolContext(run_id="r", session_key="s", settings=settings)
     for path in (".botd/daemon.key", "botd.yaml", str(config_file)):

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bot.config import BotdConfig
+from bot.store.keys import Keys
 from bot.store.seal import RecordSeal
 from scheduler.jobs import CronJob
 from scheduler.ports import JobTarget
@@ -55,7 +56,7 @@ def _job(allow: tuple[str, ...]) -> CronJob:
 
 async def test_cron_grants_widened_in_the_store_are_dropped(tmp_path: Path, redis_client: object, redis_prefix: str) -> None:
     cfg = BotdConfig.model_validate({"agent": {"workspace": str(tmp_path / "ws")}})
-    store = JobStore(redis_client, redis_prefix, RecordSeal.for_config(cfg))
+    store = JobStore(redis_client, Keys(redis_prefix), RecordSeal.for_config(cfg))
     await store.add(_job(("write",)))
     assert (await store.get("nightly")).allow == ("write",)  # type: ignore[union-attr]
     key = store.job_key("nightly")
@@ -71,6 +72,6 @@ async def test_cron_grants_widened_in_the_store_are_dropped(tmp_path: Path, redi
     got = await store.get("planted")
     assert got is not None and got.allow == ()
     # Another daemon key (another deployment) does not verify either.
-    other = JobStore(redis_client, redis_prefix, RecordSeal(b"another-key-0123456789"))
+    other = JobStore(redis_client, Keys(redis_prefix), RecordSeal(b"another-key-0123456789"))
     again = await other.get("nightly")
     assert again is not None and again.allow == ()

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from scheduler.claims import FireClaims
+from bot.store.keys import Keys
+from scheduler.fires import DEFAULT_HEARTBEAT_PROMPT
 from scheduler.heartbeat import HeartbeatFires
-from scheduler.ledger import RunLedger
 from scheduler.ports import JobTarget
-from scheduler.run_requests import DEFAULT_HEARTBEAT_PROMPT
 from scheduler.settings import HeartbeatSettings
+from scheduler.store import FireClaims, RunLedger
 from tests.unit.test_schedule_fakes import RecordingRunner
 
 TARGET = JobTarget(channel="telegram", chat_id="-1001", thread_id="7")
@@ -49,8 +49,8 @@ def make(
 
     return HeartbeatFires(
         settings,
-        FireClaims(redis_client, prefix),
-        RunLedger(redis_client, prefix),
+        FireClaims(redis_client, Keys(prefix)),
+        RunLedger(redis_client, Keys(prefix)),
         runner,
         workspace=workspace,
         agent_id="main",
@@ -78,7 +78,7 @@ async def test_empty_checklist_skips_without_a_run(
     second = await hb.fire(NOON + timedelta(minutes=30))
     assert second is not None and second.run_status == "skipped"
     assert runner.requests == [] and runner.busy_checks == []
-    ledger = await RunLedger(redis_client, redis_prefix).recent("heartbeat")
+    ledger = await RunLedger(redis_client, Keys(redis_prefix)).recent("heartbeat")
     assert [r.run_status for r in ledger] == ["skipped", "skipped"]
 
 
@@ -131,7 +131,7 @@ async def test_outside_active_hours_does_nothing(
     assert await hb.fire(NOON) is None
     assert await hb.fire(NOON.replace(hour=23)) is not None
     assert len(runner.requests) == 1
-    assert len(await RunLedger(redis_client, redis_prefix).recent("heartbeat")) == 1
+    assert len(await RunLedger(redis_client, Keys(redis_prefix)).recent("heartbeat")) == 1
 
 
 async def test_catch_up_also_needs_the_present_inside_active_hours(
@@ -220,7 +220,7 @@ async def test_each_fire_is_claimed_once(
     results = [await a.fire(NOON), await b.fire(NOON)]
     assert sum(r is not None for r in results) == 1
     assert len(first.requests) + len(second.requests) == 1
-    assert await FireClaims(redis_client, redis_prefix).last_fire("heartbeat") == NOON
+    assert await FireClaims(redis_client, Keys(redis_prefix)).last_fire("heartbeat") == NOON
     ttl = await redis_client.ttl(f"{redis_prefix}:fire:heartbeat:2027-01-15T12:00:00Z")
     assert 0 < ttl <= 7 * 86400
 

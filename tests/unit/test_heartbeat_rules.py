@@ -9,8 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from bot.config import HeartbeatConfig, SchedulerConfig
-from scheduler.active_hours import ActiveHours
-from scheduler.heartbeat_file import clip_heartbeat_text, is_effectively_empty, read_heartbeat_file
+from scheduler.heartbeat import ActiveHours, clip_heartbeat_text, is_effectively_empty, read_heartbeat_file
 from scheduler.ports import JobTarget
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 

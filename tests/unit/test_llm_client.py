@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -24,12 +23,6 @@ TOOLS = [
         },
     }
 ]
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 def make_client(fake: FakeOpenAI, retries: list[RetryInfo] | None = None, **kw: object) -> LLMClient:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
@@ -15,12 +14,6 @@ import pytest
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 async def raw_stream(fake: FakeOpenAI, body: dict[str, object]) -> list[str]:
@@ -216,3 +209,62 @@ async def test_command_line_server() -> None:
     finally:
         proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+# -- cut, empty and odd answers ---------------------------------------------------------
+
+STREAM = {"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": True}
+
+
+@pytest.mark.parametrize("done", [False, True])
+async def test_truncated_stream_ends_cleanly_without_a_finish_reason(fake: FakeOpenAI, done: bool) -> None:
+    fake.script(Reply.truncated(3, done=done, text="abcdefgh", chunk_chars=2))
+    payloads = await raw_stream(fake, STREAM)
+    assert (payloads[-1] == "[DONE]") is done
+    chunks = [json.loads(p) for p in payloads if p != "[DONE]"]
+    assert len(chunks) == 3
+    assert all(c["choices"][0]["finish_reason"] is None for c in chunks)
+
+
+async def test_omitted_finish_reason_and_no_choices(fake: FakeOpenAI) -> None:
+    fake.script(Reply.text("hi", omit_finish_reason=True), Reply.text("hi", no_choices=True))
+    first = [json.loads(p) for p in (await raw_stream(fake, STREAM))[:-1]]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in first) == "hi"
+    assert all(c["choices"][0]["finish_reason"] is None for c in first)
+    second = [json.loads(p) for p in (await raw_stream(fake, STREAM))[:-1]]
+    assert second and all(c["choices"] == [] for c in second)
+
+
+@pytest.mark.parametrize(("args_as", "arguments"), [("whole", '{"k": "v"}'), ("object", {"k": "v"})])
+async def test_tool_call_sent_whole_or_with_object_arguments(fake: FakeOpenAI, args_as: str, arguments: object) -> None:
+    fake.script(Reply.tool_calls([Call("f", {"k": "v"}, id="c")], args_as=args_as, omit_tool_index=True))
+    chunks = [json.loads(p) for p in (await raw_stream(fake, STREAM))[:-1]]
+    deltas = [c["choices"][0]["delta"]["tool_calls"] for c in chunks if "tool_calls" in c["choices"][0]["delta"]]
+    assert deltas == [[{"id": "c", "type": "function", "function": {"name": "f", "arguments": arguments}}]]
+
+
+@pytest.mark.parametrize(
+    ("reply", "content_type", "body"),
+    [
+        (Reply.html(), "text/html", "<!DOCTYPE html>"),
+        (Reply.raw(""), "application/json", ""),
+        (Reply.text("plain", json_when_streamed=True), "application/json", '"object": "chat.completion"'),
+    ],
+)
+async def test_bodies_that_are_no_event_stream(fake: FakeOpenAI, reply: Reply, content_type: str, body: str) -> None:
+    fake.script(reply)
+    async with aiohttp.ClientSession() as http, http.post(f"{fake.base_url}/chat/completions", json=STREAM) as resp:
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith(content_type)
+        text = await resp.text()
+    assert body in text if body else text == ""
+
+
+async def test_control_api_accepts_the_new_fields(fake: FakeOpenAI) -> None:
+    replies = [{"text": "cut", "cut_after": 2, "done_after_cut": True}, {"raw_body": "<p>", "content_type": "text/html"},
+               {"tool_calls": [{"name": "f", "arguments": {"a": 1}}], "args_as": "object"}]
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{fake.url}/_fake/script", json={"replies": replies}) as resp:
+            assert resp.status == 200 and (await resp.json())["pending"] == 3
+        async with http.post(f"{fake.url}/_fake/script", json=[{"cut_after": "two"}]) as resp:
+            assert resp.status == 400 and "cut_after" in (await resp.json())["error"]

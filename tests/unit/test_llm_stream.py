@@ -146,3 +146,100 @@ def test_estimated_usage_when_the_stream_has_none() -> None:
     assert usage.estimated is True
     assert usage.prompt_tokens == 3 + 16
     assert usage.completion_tokens == 2  # "abcd" + "nm" + "{}" = 8 chars
+
+
+# -- shapes some compatible servers send ------------------------------------------------
+
+
+def test_arguments_as_an_object_become_the_json_string() -> None:
+    assembler, _ = feed_all(
+        [chunk({"tool_calls": [{"index": 0, "id": "a", "function": {"name": "add", "arguments": {"a": 1, "b": "é"}}}]})]
+    )
+    [call] = assembler.tool_calls()
+    assert call.arguments == '{"a": 1, "b": "é"}'
+
+
+def test_whole_calls_without_index_or_id_are_separate_calls() -> None:
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(name="add", args='{"a": 1}')]}),
+            chunk({"tool_calls": [call_delta(name="add", args='{"a": 2}')]}),
+            chunk({"tool_calls": [call_delta(name="mul", args='{"a": 3}')]}),
+        ]
+    )
+    calls = assembler.tool_calls()
+    assert [(c.name, c.arguments) for c in calls] == [("add", '{"a": 1}'), ("add", '{"a": 2}'), ("mul", '{"a": 3}')]
+    assert len({c.id for c in calls}) == 3
+
+
+def test_a_name_repeated_on_every_delta_continues_the_call() -> None:
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(index=0, id="x", name="add", args='{"a"')]}),
+            chunk({"tool_calls": [call_delta(index=0, id="x", name="add", args=": 1}")]}),
+            chunk({"tool_calls": [call_delta(index=0, id="x", name="add")]}),
+        ]
+    )
+    assert [(c.id, c.name, c.arguments) for c in assembler.tool_calls()] == [("x", "add", '{"a": 1}')]
+
+
+def test_reused_ids_within_one_answer_and_against_the_prompt() -> None:
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(index=0, id="same", name="a", args="{}")]}),
+            chunk({"tool_calls": [call_delta(index=1, id="same", name="b", args="{}")]}),
+            chunk({}, "tool_calls"),
+        ]
+    )
+    first = assembler.tool_calls()
+    assert first[0].id == "same" and first[1].id != "same"
+    taken = [Message.assistant(None, [ToolCall(id="same", name="a")])]
+    ids = [c.id for c in assembler.response(taken).tool_calls]
+    assert "same" not in ids and len(set(ids)) == 2
+
+
+def test_reasoning_and_content_in_object_or_part_shapes() -> None:
+    assembler, deltas = feed_all(
+        [
+            chunk({"reasoning": {"text": "step one"}}),
+            chunk({"thinking": [{"type": "thinking", "text": " and two"}]}),
+            chunk({"content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "!"}]}, "stop"),
+        ]
+    )
+    assert (assembler.reasoning, assembler.text) == ("step one and two", "Hi!")
+    assert [d.kind for d in deltas] == ["reasoning", "reasoning", "text"]
+
+
+def test_junk_fields_are_ignored_not_fatal() -> None:
+    assembler, deltas = feed_all(
+        [
+            {"choices": {"index": 0}},
+            {"choices": 7},
+            chunk({"tool_calls": {"index": 0}, "content": 5, "reasoning": ["x", 3]}),
+            chunk({"tool_calls": [{"index": 0, "function": {"name": 9, "arguments": 12}}]}),
+        ]
+    )
+    assert deltas == [StreamDelta("reasoning", "x")]
+    assert assembler.tool_calls() == [] and not assembler.answered
+
+
+def test_started_and_answered() -> None:
+    reasoning_only, _ = feed_all([chunk({"reasoning_content": "hmm"}, "stop")])
+    assert not reasoning_only.started and not reasoning_only.answered
+    tool_only, _ = feed_all([chunk({"tool_calls": [call_delta(index=0, id="t", name="f", args="{}")]})])
+    assert not tool_only.started and tool_only.answered
+    text, _ = feed_all([chunk({"content": "a"})])
+    assert text.started and text.answered
+
+
+def test_hostile_deeply_nested_arguments_do_not_break_the_assembler() -> None:
+    deep = "[" * 100_000 + "]" * 100_000
+    assembler, _ = feed_all(
+        [
+            chunk({"tool_calls": [call_delta(name="f", args=deep)]}),
+            chunk({"tool_calls": [call_delta(name="g", args="{}")]}),
+        ]
+    )
+    # Too deep to parse, so the second name cannot be told apart: the names join into
+    # one unknown tool, which the loop answers with an error result; nothing raises.
+    assert [c.name for c in assembler.tool_calls()] == ["fg"]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent.llm import LLMClient
+from agent import notices
+from agent.llm import LLMClient, LLMError
 from agent.loop import MAX_ITERATIONS_TEXT, SUMMARY_PROMPT, run_loop
 from agent.tools.registry import Tool, ToolContext, ToolError, ToolOutput, ToolRegistry, ToolSettings
 from agent.types import AgentEvent, Message, RunResult, ToolCall, ToolPolicy
@@ -104,22 +105,6 @@ class RendezvousTool(Tool):
         self.log.append(("end", i))
         self.ended[i].set()
         return ToolOutput(f"met {i}")
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
-async def model(fake: FakeOpenAI) -> AsyncIterator[LLMClient]:
-    client = LLMClient(
-        model="gpt-test", base_url=fake.base_url, api_key="sk-test-key-000000", request_timeout_s=10,
-        max_retries=1, retry_base_s=0.01, retry_cap_s=0.02,
-    )
-    yield client
-    await client.aclose()
 
 
 def make_ctx(tmp_path: Path, policy: ToolPolicy | None = None) -> ToolContext:
@@ -324,7 +309,9 @@ async def test_llm_failure_fails_the_run_with_valid_history(
     events = Recorder()
     result = await run(model, tmp_path, [AddTool()], on_event=events)
     assert result.status == "failed"
-    assert result.error is not None and "HTTP 401" in result.error
+    # The chat user's words: what happened, no status code or config key.
+    assert result.error == notices.failure_notice(LLMError("x", kind="auth", retryable=False, status=401))
+    assert "401" not in result.error and "api_key" not in result.error
     assert [m.role for m in result.messages] == ["assistant", "tool"]
     assert_valid_history(result.messages)
     assert events.types()[-1] == "run.failed"
@@ -484,7 +471,7 @@ async def test_a_model_bug_fails_the_run_cleanly(tmp_path: Path) -> None:
         list(PROMPT), model=BrokenModel(), tools=ToolRegistry(), ctx=make_ctx(tmp_path), run_id="r", on_event=events
     )
     assert result.status == "failed"
-    assert result.error == "Internal error (KeyError)."
+    assert result.error == notices.INTERNAL_ERROR
     assert result.messages == []
     assert events.types() == ["run.started", "run.failed"]
 

@@ -64,12 +64,6 @@ class AdminTool(Tool):
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
 async def model(fake: FakeOpenAI) -> AsyncIterator[LLMClient]:
     client = LLMClient(model="gpt-test", base_url=fake.base_url, api_key="sk-test-key-000000", max_retries=0)
     yield client

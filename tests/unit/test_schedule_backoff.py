@@ -6,14 +6,20 @@ from datetime import UTC, datetime, timedelta
 
 import redis.asyncio as aioredis
 
-from scheduler.backoff import BACKOFF_LADDER_S, MAX_CONSECUTIVE_FAILURES, apply_run, backoff_s
-from scheduler.claims import FireClaims
-from scheduler.cron_fire import CronFires
-from scheduler.jobs import CronJob
-from scheduler.ledger import FireTrigger, RunRecord
+from bot.store.keys import Keys
+from scheduler.fires import CronFires
+from scheduler.jobs import (
+    BACKOFF_LADDER_S,
+    MAX_CONSECUTIVE_FAILURES,
+    CronJob,
+    FireTrigger,
+    RunRecord,
+    apply_run,
+    backoff_s,
+)
 from scheduler.ports import JobTarget, ScheduledRunStatus
 from scheduler.schedules import parse_every, parse_in
-from scheduler.store import JobStore
+from scheduler.store import FireClaims, JobStore
 from tests.unit.test_schedule_fakes import RecordingRunner
 
 NOW = datetime(2027, 5, 3, 8, 0, tzinfo=UTC)
@@ -119,12 +125,12 @@ def test_successful_run_now_re_enables_a_job_disabled_by_failures() -> None:
 async def test_ten_failures_in_a_row_notify_the_chat_exactly_once(
     redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     clock_now = [NOW]
     runner = RecordingRunner(status="error", error="the model is unreachable")
     fires = CronFires(
         store,
-        FireClaims(redis_client, redis_prefix),
+        FireClaims(redis_client, Keys(redis_prefix)),
         runner,
         agent_id="main",
         session_key_for_job=lambda job_id: f"agent:main:cron:{job_id}",
@@ -161,11 +167,11 @@ async def test_ten_failures_in_a_row_notify_the_chat_exactly_once(
 async def test_fire_before_the_back_off_floor_is_not_run(
     redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     runner = RecordingRunner()
     fires = CronFires(
         store,
-        FireClaims(redis_client, redis_prefix),
+        FireClaims(redis_client, Keys(redis_prefix)),
         runner,
         agent_id="main",
         session_key_for_job=lambda job_id: job_id,
@@ -180,8 +186,8 @@ async def test_fire_before_the_back_off_floor_is_not_run(
 
 
 async def test_overlapping_runs_are_skipped(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    store = JobStore(redis_client, redis_prefix)
-    claims = FireClaims(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
+    claims = FireClaims(redis_client, Keys(redis_prefix))
     runner = RecordingRunner()
     fires = CronFires(
         store,

@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import redis.asyncio as aioredis
 
+from bot.store.keys import Keys
 from scheduler.cron_commands import (
     CronAddOptions,
     cron_add,
@@ -19,11 +20,10 @@ from scheduler.cron_commands import (
     format_job_table,
     wait_for_run,
 )
-from scheduler.errors import CronError, DuplicateJobError, InvalidJobError, JobNotFoundError
-from scheduler.ledger import RunLedger
-from scheduler.run_requests import cron_run_request
-from scheduler.schedules import ScheduleError
-from scheduler.store import JobStore
+from scheduler.fires import cron_run_request
+from scheduler.jobs import DuplicateJobError, InvalidJobError, JobNotFoundError
+from scheduler.schedules import CronError, ScheduleError
+from scheduler.store import JobStore, RunLedger
 
 NOW = datetime(2027, 3, 26, 12, 0, tzinfo=UTC)
 
@@ -43,7 +43,7 @@ def options(**fields: object) -> CronAddOptions:
 
 
 async def test_add_every_form_and_list(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     ids = [
         await cron_add(store, options(in_="20m", job_id="soon"), clock=clock),
         await cron_add(store, options(at="2027-03-28T09:00", tz="Europe/Berlin"), clock=clock),
@@ -110,21 +110,21 @@ async def test_add_rejects_bad_input_and_stores_nothing(
     error: type[CronError],
     message: str,
 ) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     with pytest.raises(error, match=message):
         await cron_add(store, options(**fields), clock=clock)
     assert await store.list() == []
 
 
 async def test_add_duplicate_id(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     await cron_add(store, options(every="1h", job_id="standup"), clock=clock)
     with pytest.raises(DuplicateJobError):
         await cron_add(store, options(every="2h", job_id="standup"), clock=clock)
 
 
 async def test_remove_and_run_now(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     job_id = await cron_add(store, options(every="1h"), clock=clock)
     request_id = await cron_run_now(store, job_id, clock=clock)
     queued = await store.run_now_queue.pop()
@@ -138,7 +138,7 @@ async def test_remove_and_run_now(redis_client: aioredis.Redis, redis_prefix: st
 
 
 async def test_wait_for_run_finds_the_ledger_entry(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
 
     async def later() -> None:
         await asyncio.sleep(0.2)
@@ -157,7 +157,7 @@ async def test_wait_for_run_finds_the_ledger_entry(redis_client: aioredis.Redis,
 
 
 async def test_cron_run_request_shape(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     job_id = await cron_add(
         store,
         options(

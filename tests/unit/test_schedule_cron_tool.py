@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from agent.tools.registry import ToolContext, ToolError, ToolRegistry, ToolSettings
 from agent.types import ToolPolicy
+from bot.store.keys import Keys
 from scheduler.cron_tool import CronTool
 from scheduler.store import JobStore
 
@@ -32,7 +33,7 @@ def ctx(
 
 @pytest.fixture
 def store(redis_client: aioredis.Redis, redis_prefix: str) -> JobStore:
-    return JobStore(redis_client, redis_prefix)
+    return JobStore(redis_client, Keys(redis_prefix))
 
 
 @pytest.fixture

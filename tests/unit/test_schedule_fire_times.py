@@ -10,7 +10,7 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
 from scheduler.crontab import parse_crontab
-from scheduler.fire_times import NotBeforeTrigger, effective_trigger, latest_fire_between, next_fire
+from scheduler.schedules import NotBeforeTrigger, effective_trigger, latest_fire_between, next_fire
 
 ANCHOR = datetime(2027, 1, 1, tzinfo=UTC)
 HOURLY = IntervalTrigger(hours=1, start_date=ANCHOR, timezone=UTC)

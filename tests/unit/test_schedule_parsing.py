@@ -6,17 +6,18 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from scheduler.durations import format_duration, parse_duration
-from scheduler.errors import CronError
 from scheduler.jobs import CronJob, parse_grants, validate_job_id
 from scheduler.ports import JobTarget
 from scheduler.schedules import (
     AtSchedule,
+    CronError,
     CronSchedule,
     EverySchedule,
     ScheduleError,
     build_schedule,
+    format_duration,
     parse_at,
+    parse_duration,
     parse_every,
     parse_in,
     parse_schedule,

@@ -10,13 +10,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from scheduler.claims import FireClaims
-from scheduler.errors import CorruptJobError, DuplicateJobError
-from scheduler.jobs import CronJob
-from scheduler.ledger import LEDGER_SIZE, RunLedger, RunRecord
+from bot.store.keys import Keys
+from scheduler.jobs import CorruptJobError, CronJob, DuplicateJobError, RunRecord
 from scheduler.ports import JobTarget
 from scheduler.schedules import parse_every
-from scheduler.store import JobStore
+from scheduler.store import LEDGER_SIZE, FireClaims, JobStore, RunLedger
 
 NOW = datetime(2027, 5, 3, 8, 0, tzinfo=UTC)
 
@@ -45,7 +43,7 @@ async def collect(pubsub: Any, count: int) -> list[dict[str, str]]:
 
 
 async def test_crud_and_change_notifications(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     pubsub = redis_client.pubsub()
     await pubsub.subscribe(store.changes_channel)
     try:
@@ -79,7 +77,7 @@ async def test_crud_and_change_notifications(redis_client: aioredis.Redis, redis
 async def test_duplicate_id_is_rejected_and_nothing_is_lost(
     redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     await store.add(job("daily"))
     with pytest.raises(DuplicateJobError, match="'daily' already exists"):
         await store.add(job("daily", prompt="something else"))
@@ -88,7 +86,7 @@ async def test_duplicate_id_is_rejected_and_nothing_is_lost(
 
 
 async def test_concurrent_updates_are_not_lost(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     await store.add(job())
     second = aioredis.Redis(connection_pool=redis_client.connection_pool)
 
@@ -98,7 +96,7 @@ async def test_concurrent_updates_are_not_lost(redis_client: aioredis.Redis, red
                 "daily", lambda j: j.model_copy(update={"failure_streak": j.failure_streak + 1})
             )
 
-    await asyncio.gather(bump(store), bump(JobStore(second, redis_prefix)))
+    await asyncio.gather(bump(store), bump(JobStore(second, Keys(redis_prefix))))
     stored = await store.get("daily")
     assert stored is not None and stored.failure_streak == 30
 
@@ -106,7 +104,7 @@ async def test_concurrent_updates_are_not_lost(redis_client: aioredis.Redis, red
 async def test_corrupt_entries_are_reported_and_skipped(
     redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     await store.add(job("good"))
     await redis_client.set(store.job_key("bad"), '{"id": "bad", "prompt": 3}')
     await redis_client.sadd(store.index_key, "bad", "ghost")
@@ -118,7 +116,7 @@ async def test_corrupt_entries_are_reported_and_skipped(
 
 
 async def test_ledger_is_capped_and_newest_first(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    ledger = RunLedger(redis_client, redis_prefix)
+    ledger = RunLedger(redis_client, Keys(redis_prefix))
     for n in range(LEDGER_SIZE + 5):
         at = NOW + timedelta(minutes=n)
         await ledger.append(
@@ -142,7 +140,7 @@ async def test_ledger_is_capped_and_newest_first(redis_client: aioredis.Redis, r
 async def test_removed_job_keeps_its_ledger_for_a_while(
     redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     await store.add(job())
     await store.ledger.append(RunLedger.skipped("daily", "x", at=NOW, fire_time=NOW, trigger="schedule"))
     await store.remove("daily")
@@ -151,7 +149,7 @@ async def test_removed_job_keeps_its_ledger_for_a_while(
 
 
 async def test_run_now_queue(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    store = JobStore(redis_client, redis_prefix)
+    store = JobStore(redis_client, Keys(redis_prefix))
     first = await store.request_run_now("daily", NOW)
     await redis_client.rpush(store.run_now_queue.key, "garbage")
     second = await store.request_run_now("heartbeat", NOW)
@@ -161,7 +159,7 @@ async def test_run_now_queue(redis_client: aioredis.Redis, redis_prefix: str) ->
 
 
 async def test_claims_and_last_fire(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    claims = FireClaims(redis_client, redis_prefix, ttl_s=3600)
+    claims = FireClaims(redis_client, Keys(redis_prefix), ttl_s=3600)
     fire = datetime(2027, 5, 3, 10, 0, 0, 123_000, tzinfo=UTC)
     assert claims.fire_key("daily", fire) == f"{redis_prefix}:fire:daily:2027-05-03T10:00:00Z"
     assert await claims.claim("daily", fire, "a")
@@ -180,7 +178,7 @@ async def test_claims_and_last_fire(redis_client: aioredis.Redis, redis_prefix: 
 
 
 async def test_running_marker_belongs_to_its_holder(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    claims = FireClaims(redis_client, redis_prefix)
+    claims = FireClaims(redis_client, Keys(redis_prefix))
     token = await claims.acquire_running("daily", 30)
     assert token is not None
     assert await claims.acquire_running("daily", 30) is None
@@ -193,12 +191,12 @@ async def test_running_marker_belongs_to_its_holder(redis_client: aioredis.Redis
 async def test_works_with_a_client_that_does_not_decode(redis_url: str, redis_prefix: str) -> None:
     raw = aioredis.Redis.from_url(redis_url)
     try:
-        store = JobStore(raw, redis_prefix)
+        store = JobStore(raw, Keys(redis_prefix))
         await store.add(job())
         assert [j.id for j in await store.list()] == ["daily"]
         fetched = await store.get("daily")
         assert fetched is not None and fetched.id == "daily"
-        claims = FireClaims(raw, redis_prefix)
+        claims = FireClaims(raw, Keys(redis_prefix))
         await claims.note_fire("daily", NOW)
         assert await claims.last_fire("daily") == NOW
         await store.request_run_now("daily", NOW)

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from agent.types import SlackChat
 from channels.slack.access import AccessPolicy
 from channels.slack.commands import CommandIntake
 from channels.slack.intake import BotIdentity, SlackIntake
@@ -52,7 +53,7 @@ async def test_top_level_mention_starts_a_thread_session(rec: RecordingContext) 
     assert req.text == "hello there"
     assert req.user_id == "U1"
     assert req.dedupe_key == f"slack:{TEAM}:C1:100.1"
-    assert req.meta == {"team": TEAM, "scope": "channel"}
+    assert req.chat == SlackChat(team=TEAM, scope="channel")
     assert await rec.kv.get("slack:thread:C1:100.1") == "1"
     assert 6 * 86400 < await rec.kv.ttl("slack:thread:C1:100.1") <= 7 * 86400
 
@@ -95,7 +96,7 @@ async def test_dm_is_keyed_by_user_and_replies_to_the_dm_channel(rec: RecordingC
     [req] = rec.requests
     assert req.session_key == "agent:main:slack:dm:U1"
     assert (req.chat_id, req.thread_id, req.reply_to) == ("D9", None, "400.1")
-    assert req.meta["scope"] == "dm"
+    assert isinstance(req.chat, SlackChat) and req.chat.scope == "dm"
 
 
 async def test_dm_inside_a_thread_replies_in_that_thread(rec: RecordingContext) -> None:

@@ -1,0 +1,372 @@
+"""Running one batch of a session's messages: the path of DESIGN.md §2 from "load
+history" to "append the run's messages".
+
+``RunExecutor.execute`` goes through named steps: resume a result a previous attempt
+saved, prepare the model's input (guard, history, system prompt), run the agent loop
+with a ``RunObserver`` watching its events, and finish (store, deliver, record).
+
+Persisting order makes retries safe: the model's result is stored before delivery,
+delivery is claimed per part, and the session append is idempotent per run, so a
+replica dying anywhere in here leads to a retry that neither asks the model twice
+(once the result is stored) nor sends a part twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+from zoneinfo import ZoneInfo
+
+import structlog
+
+from agent import notices
+from agent.guard import apply_guard
+from agent.history import prepare_history
+from agent.llm_types import ChatModel
+from agent.loop import RunCancelled, run_loop
+from agent.prompt import PromptSpec, build_system_prompt
+from agent.tasks import uncancel_current
+from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings
+from agent.types import (
+    AgentEvent,
+    ChunkEvent,
+    DeliveryStatus,
+    Message,
+    RunRequest,
+    RunResult,
+    ToolCallEvent,
+    ToolResultEvent,
+)
+from bot import metrics
+from bot.config import BotdConfig
+from bot.gateway.reply import DeliveryLedger, Reply, notify
+from bot.store.sessions import SessionStore
+from bot.tracing import Span, Trace, TraceStore, TracingModel, clip, verbose
+from bot.workspaces import SessionWorkspaces
+from channels.base import ChannelAdapter, Target
+
+if TYPE_CHECKING:
+    from bot.gateway.approvals import Approvals
+
+log = structlog.get_logger(__name__)
+
+OutcomeStatus = Literal["completed", "failed", "cancelled", "timeout", "max_iterations", "blocked"]
+
+# Cancellations after which the batch is run again elsewhere rather than recorded.
+RETRY_REASONS = frozenset({"shutdown", "lock_lost"})
+
+
+
+class Compactor(Protocol):
+    async def maybe_compact(
+        self, session_key: str, last_prompt_tokens: int, *, settings: ToolSettings | None = None
+    ) -> bool: ...
+
+
+class RunControl(Protocol):
+    """What a run asks of its owner (``worker.SessionRun``)."""
+
+    async def steer(self) -> list[RunRequest]:
+        """Before every LLM call: messages to hand over now (raises when cancelled)."""
+        ...
+
+    def acknowledge(self) -> str | None:
+        """The run handles its cancellation: stop re-cancelling; returns the reason."""
+        ...
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    status: OutcomeStatus
+    delivery: DeliveryStatus | Literal["none"] = "none"
+    error: str | None = None
+    text: str = ""
+
+
+@dataclass
+class RunDeps:
+    cfg: BotdConfig
+    sessions: SessionStore
+    model: ChatModel
+    tools: ToolRegistry
+    tool_settings: ToolSettings
+    channels: Mapping[str, ChannelAdapter]
+    ledger: DeliveryLedger
+    approvals: Approvals
+    traces: TraceStore
+    compactor: Compactor | None = None
+    workspaces: SessionWorkspaces | None = None  # None: every run uses tool_settings as is
+    tool_extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Turn:
+    """One execution's facts, handed from step to step."""
+
+    batch: list[RunRequest]
+    channel: ChannelAdapter
+    target: Target
+    trace: Trace
+    reply: Reply
+    bound: Any
+
+    @property
+    def first(self) -> RunRequest:
+        return self.batch[0]
+
+    @property
+    def last(self) -> RunRequest:
+        return self.batch[-1]
+
+    @property
+    def run_id(self) -> str:
+        return self.batch[0].run_id
+
+    @property
+    def session_key(self) -> str:
+        return self.batch[0].session_key
+
+
+class RunObserver:
+    """Watches the loop's events: previews for text, a trace span and a metric per tool."""
+
+    def __init__(self, reply: Reply, trace: Trace) -> None:
+        self._reply = reply
+        self._trace = trace
+
+    async def __call__(self, event: AgentEvent) -> None:
+        if isinstance(event, ChunkEvent):
+            await self._reply.on_chunk(event.text)
+        elif isinstance(event, ToolCallEvent):
+            self._reply.reset_text()
+            await self._reply.on_tool(event.tool_call.name)
+        elif isinstance(event, ToolResultEvent):
+            result = event.tool_result
+            failed = result.is_error
+            await self._reply.on_tool(event.tool_call.name, done=True, ok=not failed, ms=event.duration_ms or 0.0)
+            metrics.TOOL_CALLS.labels(event.tool_call.name, "error" if failed else "ok").inc()
+            attrs: dict[str, Any] = {}
+            if verbose():
+                attrs = {"input": clip(event.tool_call.arguments), "output": clip(result.content or "")}
+            self._trace.spans.append(_tool_span(event, failed, attrs))
+
+
+class RunExecutor:
+    def __init__(self, deps: RunDeps) -> None:
+        self.deps = deps
+
+    async def execute(self, batch: list[RunRequest], control: RunControl) -> RunOutcome:
+        """Run ``batch`` (oldest first) as one turn; never raises for run-level failures."""
+        first, last = batch[0], batch[-1]
+        run_id, session_key = first.run_id, first.session_key
+        bound = log.bind(run_id=run_id, session_key=session_key)
+        channel = self.deps.channels.get(last.channel)
+        if channel is None:
+            bound.error("run.no_channel", channel=last.channel)
+            return RunOutcome(run_id, "failed", "failed", f"channel {last.channel!r} is not enabled")
+        target = Target.of(last)
+        trace = Trace(run_id=run_id, session_key=session_key, kind=first.kind, channel=last.channel)
+        reply = Reply(channel, target, run_id, self.deps.ledger, kind=first.kind, previews=first.kind == "chat")
+        turn = _Turn(batch, channel, target, trace, reply, bound)
+        started = time.monotonic()
+        metrics.ACTIVE_RUNS.inc()
+        try:
+            outcome = await self._execute(turn, control)
+        finally:
+            metrics.ACTIVE_RUNS.dec()
+        metrics.RUNS.labels(outcome.status, first.kind).inc()
+        metrics.RUN_SECONDS.labels(first.kind).observe(time.monotonic() - started)
+        trace.status, trace.error, trace.finished_at = outcome.status, outcome.error, time.time()
+        try:
+            await self.deps.traces.save(trace)
+        except Exception as exc:
+            bound.warning("trace.save_failed", error=str(exc))
+        bound.info("run.finished", status=outcome.status, delivery=outcome.delivery, kind=first.kind)
+        return outcome
+
+    async def _execute(self, turn: _Turn, control: RunControl) -> RunOutcome:
+        saved = await self.deps.ledger.load_result(turn.run_id)
+        if saved is not None:
+            return await self._resume_saved(turn, saved)
+        if turn.first.meta.get("fresh_session") == "1":
+            await self.deps.sessions.reset(turn.session_key)
+        user_messages = await self._guarded(turn.batch, turn.channel, turn.target)
+        if not user_messages:
+            return RunOutcome(turn.run_id, "blocked", "none", "blocked by the input guard")
+        messages = await self._prepare(turn, user_messages)
+        model = TracingModel(self.deps.model, turn.trace, self.deps.cfg.llm.model)
+        try:
+            result = await self._run_agent(turn, control, messages, model)
+        except RunCancelled as cancelled:
+            return await self._cancelled(turn, control, user_messages, cancelled.result, model)
+        return await self._finish(turn, user_messages, result, model)
+
+    async def _resume_saved(self, turn: _Turn, saved: RunResult) -> RunOutcome:
+        """A previous attempt got the answer but died before recording it: finish its work."""
+        turn.bound.info("run.resume_saved_result")
+        delivery = await turn.reply.finish(saved.text)
+        await self.deps.sessions.append(turn.session_key, turn.run_id, saved.messages)
+        return RunOutcome(turn.run_id, _status(saved), delivery, saved.error, saved.text)
+
+    async def _prepare(self, turn: _Turn, user_messages: list[Message]) -> list[Message]:
+        """The model's input: system prompt, the prepared history, the new user messages."""
+        deps = self.deps
+        if verbose():
+            turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
+        history = await deps.sessions.history(turn.session_key)
+        summary = await deps.sessions.summary(turn.session_key)
+        prepared = prepare_history(
+            history,
+            history_turns=deps.cfg.agent.history_turns,
+            context_window_tokens=deps.cfg.llm.context_window,
+            summary=summary,
+        )
+        system = build_system_prompt(self._prompt_spec(turn.last, self._settings(turn.last).workspace))
+        return [Message.system(system), *prepared, *user_messages]
+
+    async def _run_agent(
+        self, turn: _Turn, control: RunControl, messages: list[Message], model: TracingModel
+    ) -> RunResult:
+        deps, last = self.deps, turn.last
+
+        async def approve(tool: str, args: dict[str, Any]) -> bool:
+            async def ask(approval_id: str, summary: str) -> None:
+                await turn.channel.ask_approval(turn.target, approval_id, summary)
+
+            return await deps.approvals.request(
+                session_key=turn.session_key, chat_id=turn.target.chat_id, run_id=turn.run_id,
+                user_id=last.user_id, tool=tool, args=args, ask=ask,
+            )
+
+        async def steer_messages() -> list[Message]:
+            return await self._guarded(await control.steer(), turn.channel, turn.target)
+
+        ctx = ToolContext(
+            run_id=turn.run_id,
+            session_key=turn.session_key,
+            settings=self._settings(last),
+            policy=last.tool_policy,
+            chat={"channel": last.channel, "chat_id": last.chat_id, "thread_id": last.thread_id,
+                  "user_id": last.user_id},
+            extra={**deps.tool_extra, "user_id": last.user_id, "user_name": last.user_name},
+        )
+        await turn.reply.start()
+        return await run_loop(
+            messages,
+            model=model,
+            tools=deps.tools,
+            ctx=ctx,
+            run_id=turn.run_id,
+            on_event=RunObserver(turn.reply, turn.trace),
+            steer=steer_messages,
+            approve=approve,
+            max_iterations=deps.cfg.agent.max_iterations,
+        )
+
+    async def _cancelled(
+        self, turn: _Turn, control: RunControl, user_messages: list[Message], partial: RunResult, model: TracingModel
+    ) -> RunOutcome:
+        uncancel_current()
+        reason = control.acknowledge() or "cancelled"
+        await asyncio.shield(turn.reply.abandon())
+        if reason not in RETRY_REASONS:
+            # Stopped by the user or timed out: what happened so far stays in history.
+            # Otherwise the batch is retried whole, so nothing is recorded now.
+            await asyncio.shield(self._persist(turn.session_key, turn.run_id, user_messages, partial, model))
+        if reason == "timeout" and turn.first.kind == "chat":
+            # A /stop is answered by its command; a timeout would otherwise end in silence.
+            await asyncio.shield(
+                notify(turn.channel, turn.target, self.deps.ledger, turn.run_id, "timeout", notices.TIMEOUT)
+            )
+        status: OutcomeStatus = "timeout" if reason == "timeout" else "cancelled"
+        return RunOutcome(turn.run_id, status, "none", reason)
+
+    async def _finish(
+        self, turn: _Turn, user_messages: list[Message], result: RunResult, model: TracingModel
+    ) -> RunOutcome:
+        deps, run_id, session_key = self.deps, turn.run_id, turn.session_key
+        if result.status == "failed":
+            # The chat gets the user's words; the outcome and trace keep the operator's detail.
+            detail = model.failure_detail or result.error
+            turn.bound.warning("run.llm_failed", error=detail)
+            await turn.reply.abandon()
+            await notify(turn.channel, turn.target, deps.ledger, run_id, "error", result.error or notices.INTERNAL_ERROR)
+            await self._persist(session_key, run_id, user_messages, result, model)
+            return RunOutcome(run_id, "failed", "none", detail)
+
+        await deps.ledger.save_result(run_id, result.model_copy(update={"messages": user_messages + result.messages}))
+        delivery = await turn.reply.finish(result.text)
+        await self._persist(session_key, run_id, user_messages, result, model)
+        if deps.compactor is not None:
+            try:
+                await deps.compactor.maybe_compact(
+                    session_key, model.last_prompt_tokens, settings=self._settings(turn.last)
+                )
+            except Exception as exc:
+                turn.bound.warning("compaction.failed", error=str(exc))
+        return RunOutcome(run_id, _status(result), delivery, result.error, result.text)
+
+    async def _guarded(self, batch: list[RunRequest], channel: ChannelAdapter, target: Target) -> list[Message]:
+        """Apply the input guard to each message; blocked ones are answered and left out."""
+        cfg = self.deps.cfg
+        out: list[Message] = []
+        for req in batch:
+            outcome = apply_guard(req.text, action=cfg.guard.action, max_chars=cfg.agent.max_message_chars, log=log)
+            for name in outcome.detected:
+                metrics.GUARD_DETECTIONS.labels(name).inc()
+            if outcome.blocked:
+                await notify(channel, target, self.deps.ledger, req.run_id, "blocked", outcome.reason or "Blocked.")
+                continue
+            out.append(Message.user(outcome.text))
+        return out
+
+    async def _persist(
+        self, session_key: str, run_id: str, user_messages: list[Message], result: RunResult, model: TracingModel
+    ) -> None:
+        await self.deps.sessions.append(session_key, run_id, user_messages + result.messages)
+        # One record per LLM call, so "last prompt" is the last call's, not the run's sum.
+        for index, usage in enumerate(model.usages):
+            await self.deps.sessions.record_usage(
+                session_key, usage.prompt_tokens, usage.completion_tokens, run_id=f"{run_id}:{index}"
+            )
+
+    def _settings(self, req: RunRequest) -> ToolSettings:
+        """The tool settings of ``req``'s session directory (``agent.workspace_scope``)."""
+        workspaces = self.deps.workspaces
+        return workspaces.settings_for(req) if workspaces else self.deps.tool_settings
+
+    def _prompt_spec(self, req: RunRequest, session_workspace: Path) -> PromptSpec:
+        cfg = self.deps.cfg
+        tz_name = cfg.heartbeat.timezone if req.kind == "heartbeat" else cfg.scheduler.timezone
+        tools = self.deps.tools
+        return PromptSpec(
+            mode=req.prompt_mode,
+            workspace=cfg.workspace,
+            tools={name: (tool.description if (tool := tools.get(name)) else "") for name in tools.names()},
+            user_name=req.user_name,
+            user_id=req.user_id,
+            channel=req.channel,
+            now=datetime.now(UTC).astimezone(ZoneInfo(tz_name)),
+            timezone=tz_name,
+            agent_id=cfg.agent.id,
+            model=cfg.llm.model,
+            session_workspace=session_workspace,
+        )
+
+
+def _status(result: RunResult) -> OutcomeStatus:
+    return "max_iterations" if result.status == "max_iterations" else "completed"
+
+
+def _tool_span(event: ToolResultEvent, failed: bool, attrs: dict[str, Any]) -> Span:
+    ms = event.duration_ms or 0.0
+    return Span(
+        kind="tool", name=event.tool_call.name, start=time.time() - ms / 1000, ms=round(ms, 2),
+        error=(event.tool_result.content or "")[:200] if failed else None, attrs=attrs,
+    )

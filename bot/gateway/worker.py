@@ -1,0 +1,322 @@
+"""Serving a session: take its lock, drain its inbox batch by batch, run each batch, and
+sweep for sessions nobody serves.
+
+A worker runs only while it holds the session's Redis lock, so a session never has two
+runs at once across replicas; different sessions run concurrently up to
+``gateway.max_concurrent_runs`` per replica. A sweeper on every replica picks up
+sessions whose work nobody is serving (a replica died, or a message arrived while the
+last holder was releasing). Each run is a :class:`SessionRun`, which owns its
+cancellation (``/stop``, timeout, lost lock, shutdown) and its steering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+import structlog
+from redis.exceptions import RedisError
+
+from agent.tasks import keep_cancelling, stop_task, uncancel_current
+from agent.types import RunRequest
+from bot import metrics
+from bot.config import BotdConfig
+from bot.gateway.inbox import Inbox
+from bot.gateway.reply import DeliveryLedger, notify
+from bot.gateway.run import RETRY_REASONS, RunExecutor, RunOutcome
+from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time
+from bot.store.keys import Keys
+from bot.store.locks import SessionLock
+from channels.base import ChannelAdapter, Target
+
+log = structlog.get_logger(__name__)
+
+SWEEP_INTERVAL_S = 1.0
+MAX_ATTEMPTS = 3
+
+LockFactory = Callable[[str, Callable[[], None]], SessionLock]
+
+
+class SessionRun:
+    """One run of a session on this replica: the task, why it is being cancelled, and
+    the steering the agent loop asks for before every LLM call."""
+
+    def __init__(
+        self,
+        task: asyncio.Task[Any],
+        *,
+        started_at: float,
+        run_id: str,
+        session_key: str,
+        inbox: Inbox,
+        signals: CancelSignals,
+        steer_mode: bool,
+    ) -> None:
+        self.task = task
+        self.started_at = started_at
+        self.run_id = run_id
+        self.session_key = session_key
+        self.reason: str | None = None
+        self._inbox = inbox
+        self._signals = signals
+        self._steer_mode = steer_mode
+        self._acknowledged = False  # the run has seen its cancellation and is cleaning up
+        self._nudger: asyncio.Task[None] | None = None
+
+    def cancel(self, reason: str) -> None:
+        """Cancel the run (the first reason wins) and keep cancelling until it notices."""
+        if self.task.done() or self._acknowledged:
+            return
+        self.reason = self.reason or reason
+        log.info("run.cancelling", session_key=self.session_key, run_id=self.run_id, reason=reason)
+        self.task.cancel()
+        if self._nudger is None:
+            self._nudger = asyncio.create_task(
+                keep_cancelling(self.task, until=lambda: self._acknowledged), name="run-canceller"
+            )
+
+    def cancel_if_started_before(self, at: float, reason: str) -> None:
+        """A stop at ``at`` applies to this run only when the run had started by then."""
+        if self.started_at <= at and self.reason is None:
+            self.cancel(reason)
+
+    def shutdown(self) -> None:
+        """The replica is stopping: the batch stays queued for a retry elsewhere."""
+        self.reason = "shutdown"
+        self.task.cancel()
+
+    def acknowledge(self) -> str | None:
+        """Called by the run when it handles its cancellation: stop re-cancelling it."""
+        self._acknowledged = True
+        return self.reason
+
+    async def steer(self) -> list[RunRequest]:
+        """Called before every LLM call: notice a missed /stop, hand over steered messages."""
+        if self.reason is None and await self._signals.stopped_since(self.session_key, self.started_at):
+            self.cancel("stopped")
+        taken = await self._inbox.take(self.session_key) if self._steer_mode else []
+        if self.reason is not None:
+            # A cancellation may have been swallowed by a Redis call above: honour it here.
+            raise asyncio.CancelledError
+        return taken
+
+    def close(self) -> None:
+        if self._nudger is not None:
+            self._nudger.cancel()
+
+
+class Workers:
+    """This replica's session workers and its sweeper."""
+
+    def __init__(
+        self,
+        cfg: BotdConfig,
+        client: aioredis.Redis,
+        executor: RunExecutor,
+        channels: Mapping[str, ChannelAdapter],
+        inbox: Inbox,
+        signals: CancelSignals,
+        outcomes: OutcomeBoard,
+        ledger: DeliveryLedger,
+        lock_factory: LockFactory,
+    ) -> None:
+        self.cfg = cfg
+        self._r = client
+        self._executor = executor
+        self._channels = channels
+        self._inbox = inbox
+        self._signals = signals
+        self._outcomes = outcomes
+        self._ledger = ledger
+        self._lock_factory = lock_factory
+        self._keys = Keys(cfg.redis.prefix)
+        self.tasks: dict[str, asyncio.Task[None]] = {}  # the worker serving each session here
+        self.active: dict[str, SessionRun] = {}
+        self._slots = asyncio.Semaphore(cfg.gateway.max_concurrent_runs)
+        self._closing = False
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._sweeper = asyncio.create_task(self._sweep(), name="gateway-sweeper")
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop taking work, let runs finish for ``grace_s``, then cancel the rest."""
+        self._closing = True
+        await stop_task(self._sweeper)
+        workers = list(self.tasks.values())
+        if workers:
+            _, pending = await asyncio.wait(workers, timeout=grace_s)
+            for run in self.active.values():
+                run.shutdown()
+            if pending:
+                await asyncio.wait(pending, timeout=10)
+
+    def busy(self) -> bool:
+        return bool(self.tasks)
+
+    def cancel(self, session_key: str, reason: str) -> None:
+        run = self.active.get(session_key)
+        if run is not None:
+            run.cancel(reason)
+
+    # ---- serving a session -------------------------------------------------------------
+
+    def kick(self, session_key: str) -> None:
+        """Serve ``session_key`` unless this replica already does (or is closing)."""
+        if self._closing or session_key in self.tasks:
+            return
+        task = asyncio.create_task(self._serve(session_key), name=f"session:{session_key}")
+        self.tasks[session_key] = task
+        task.add_done_callback(lambda done: self._forget(session_key, done))
+
+    def _forget(self, session_key: str, task: asyncio.Task[Any] | None) -> None:
+        # A worker may have started its successor before it ended: only forget itself.
+        if self.tasks.get(session_key) is task:
+            del self.tasks[session_key]
+
+    async def _serve(self, session_key: str) -> None:
+        held = False
+        try:
+            async with self._slots:
+                lock = self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
+                if not await lock.acquire(wait=False):
+                    return
+                held = True
+                try:
+                    await self._drain(session_key, lock)
+                finally:
+                    with contextlib.suppress(Exception):
+                        await asyncio.shield(lock.release())
+        except RedisError as exc:
+            log.warning("worker.store_error", session_key=session_key, error=str(exc))
+            return
+        finally:
+            self._forget(session_key, asyncio.current_task())
+        # A message may have arrived while we were releasing: its submitter saw the lock held.
+        if held and not self._closing:
+            with contextlib.suppress(RedisError):
+                if await self._inbox.waiting(session_key) or await self._inbox.running(session_key):
+                    self.kick(session_key)
+
+    async def _drain(self, session_key: str, lock: SessionLock) -> None:
+        """Run the session's batches while holding its lock.
+
+        Stops when the lock is no longer held (a run only notices a lost lock while it is
+        registered as active; between runs this check does it), and after a batch when
+        other sessions wait for a run slot, so one busy chat cannot keep a slot forever:
+        the worker then goes to the back of the queue.
+        """
+        first = True
+        while not self._closing:
+            if not lock.is_held:
+                log.warning("worker.lock_lost_between_runs", session_key=session_key)
+                return
+            batch = await self._inbox.running(session_key)
+            if batch:
+                batch = await self._retry_guard(session_key, batch)
+            else:
+                if first:
+                    await self._debounce(session_key)
+                    if self._closing:
+                        return  # shutting down: leave the messages waiting for the next replica
+                batch = await self._inbox.take(session_key)
+            first = False
+            if not batch:
+                await self._inbox.finish(session_key)
+                return
+            outcome = await self._run(session_key, batch, lock)
+            if outcome is None:
+                return  # left for a retry (shutdown, lock lost, store error)
+            if not await self._inbox.finish(session_key):
+                return
+            if self._slots.locked():
+                return  # others are waiting for a slot; the re-kick in _serve requeues us
+
+    async def _retry_guard(self, session_key: str, batch: list[RunRequest]) -> list[RunRequest]:
+        """Resume a batch a previous holder left; give up on it after MAX_ATTEMPTS."""
+        key = self._keys.attempts(batch[0].run_id)
+        pipe = self._r.pipeline(transaction=True)
+        pipe.incr(key)
+        pipe.expire(key, 86400)
+        attempts, _ = await pipe.execute()
+        log.info("run.resuming", session_key=session_key, run_id=batch[0].run_id, attempt=attempts)
+        if attempts <= MAX_ATTEMPTS:
+            return batch
+        log.error("run.abandoned", session_key=session_key, run_id=batch[0].run_id, attempts=attempts)
+        channel = self._channels.get(batch[-1].channel)
+        if channel is not None:
+            await notify(channel, Target.of(batch[-1]), self._ledger, batch[0].run_id, "abandoned",
+                         "Sorry — I could not process your message after several attempts. Please send it again.")
+        await self._inbox.finish(session_key)
+        return await self._inbox.take(session_key)
+
+    async def _debounce(self, session_key: str) -> None:
+        delay = self.cfg.queue.debounce_ms / 1000
+        if delay <= 0:
+            return
+        head = await self._inbox.peek(session_key)
+        if head is None or head.kind != "chat":
+            return
+        seen = await self._inbox.waiting(session_key)
+        for _ in range(10):
+            await asyncio.sleep(delay)
+            now = await self._inbox.waiting(session_key)
+            if now == seen:
+                return
+            seen = now
+
+    async def _run(self, session_key: str, batch: list[RunRequest], lock: SessionLock) -> RunOutcome | None:
+        task = asyncio.current_task()
+        assert task is not None
+        run = SessionRun(
+            task, started_at=await server_time(self._r), run_id=batch[0].run_id, session_key=session_key,
+            inbox=self._inbox, signals=self._signals, steer_mode=self.cfg.queue.mode == "steer",
+        )
+        self.active[session_key] = run
+        if not lock.is_held:  # lost while we were registering: on_lost found nothing to cancel
+            self.active.pop(session_key, None)
+            return None
+        timeout = float(batch[0].meta.get("timeout_s") or self.cfg.gateway.run_timeout_s)
+        timer = asyncio.get_running_loop().call_later(timeout, run.cancel, "timeout")
+        outcome: RunOutcome | None
+        try:
+            outcome = await self._executor.execute(batch, run)
+        except asyncio.CancelledError:
+            if run.reason is None:
+                raise  # not ours: the caller is cancelling the worker itself
+            run.acknowledge()
+            uncancel_current()
+            outcome = RunOutcome(run.run_id, "cancelled", "none", run.reason)
+        except RedisError as exc:
+            log.error("run.store_error", session_key=session_key, run_id=run.run_id, error=str(exc))
+            outcome = None
+        finally:
+            timer.cancel()
+            self.active.pop(session_key, None)
+            run.close()
+        if outcome is not None and run.reason in RETRY_REASONS:
+            outcome = None
+        if outcome is not None:
+            with contextlib.suppress(RedisError):
+                await self._outcomes.publish([r.run_id for r in batch if r.kind != "chat"], outcome)
+        return outcome
+
+    # ---- sweeping ----------------------------------------------------------------------
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                sessions = await self._inbox.pending_sessions(older_than_s=SWEEP_INTERVAL_S)
+                metrics.QUEUE_DEPTH.set(await self._inbox.depth())
+            except RedisError as exc:
+                log.warning("sweeper.store_error", error=str(exc))
+                continue
+            for session_key in sessions:
+                if session_key not in self.active:
+                    self.kick(session_key)
