@@ -3,7 +3,8 @@
 * the command guard on typical command lines (µs per check) and on 128 KiB hostile
   lines built to make a parser or a regex go quadratic (worst time per check);
 * a ``bash`` call end to end (guard, allowlisted env, ``bash -c`` in its own process
-  group, capture, clean-up) and a YAML CLI tool call (no shell), in ms per call;
+  group, capture, clean-up) and a YAML CLI tool call (no shell), in ms per call, outside
+  and inside the tool sandbox (bubblewrap + limits), and the sandbox's overhead;
 * ``read_file`` of a 1 MiB file and an atomic ``write_file`` of 1 MiB;
 * ``/stop``-style cancellation: from ``task.cancel()`` on a running ``bash`` call
   (a tree of sleeping children) until every process of the tree is gone;
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -43,6 +45,7 @@ from agent.tools.command_guard import BlockedCommandError, check_command  # noqa
 from agent.tools.files import ReadFileTool, WriteFileTool  # noqa: E402
 from agent.tools.mcp import McpManager  # noqa: E402
 from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings  # noqa: E402
+from agent.tools.sandbox import Sandbox  # noqa: E402
 from tests.fakes.mcp_rig import ALLOWLIST, stdio_spec  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "tools.json"
@@ -121,9 +124,6 @@ def guard_figures(checks: int) -> tuple[list[list[Any]], dict[str, Any]]:
 
 
 async def call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], dict[str, Any]]:
-    settings = ToolSettings(workspace=workspace, timeout_s=30)
-    ctx = ToolContext(run_id="bench", session_key="bench", settings=settings)
-    bash = BashTool(settings)
     tools_file = workspace / "tools.yaml"
     tools_file.write_text(
         "tools:\n  - name: say\n    category: read\n    cmd: printf\n"
@@ -132,20 +132,34 @@ async def call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], di
     (say,) = load_cli_tools(tools_file)
     results: dict[str, Any] = {}
     rows: list[list[Any]] = []
-    for label, run in [
-        ("bash: `true`", lambda: bash.execute({"command": "true"}, ctx)),
-        ("bash: `echo hi | wc -c`", lambda: bash.execute({"command": "echo hi | wc -c"}, ctx)),
-        ("CLI tool: printf (no shell)", lambda: say.execute({"text": "hi"}, ctx)),
-    ]:
-        samples = []
-        for _ in range(calls):
-            started = time.perf_counter()
-            out = await run()
-            samples.append(time.perf_counter() - started)
-            assert not out.is_error, out.content
-        stats = summary_ms(samples)
-        results[label] = stats
-        rows.append([label, f"{stats['p50_ms']:.2f} ms", f"{stats['p99_ms']:.2f} ms"])
+    sandbox = Sandbox.from_mode("auto")
+    variants = [("no sandbox", Sandbox(bwrap=None, reason="bench"))]
+    if sandbox.active:
+        variants.append(("bwrap", sandbox))
+        if sandbox.pids_cgroup is not None:  # as root: moving into a cgroup v1 costs extra
+            variants.append(("bwrap, no pids cgroup", dataclasses.replace(sandbox, pids_cgroup=None)))
+    else:
+        print(f"sandbox unavailable, only unsandboxed figures: {sandbox.reason}", file=sys.stderr)
+    for variant, box in variants:
+        settings = ToolSettings(workspace=workspace, allowed_paths=(workspace,), timeout_s=30, sandbox=box)
+        ctx = ToolContext(run_id="bench", session_key="bench", settings=settings)
+        bash = BashTool(settings)
+        for label, run in [
+            (f"bash: `true` ({variant})", lambda b=bash, c=ctx: b.execute({"command": "true"}, c)),
+            (f"bash: `echo hi | wc -c` ({variant})",
+             lambda b=bash, c=ctx: b.execute({"command": "echo hi | wc -c"}, c)),
+            (f"CLI tool: printf, no shell ({variant})", lambda c=ctx: say.execute({"text": "hi"}, c)),
+        ]:
+            for _ in range(5):  # warm-up: page cache, first namespace set-up
+                await run()
+            await timed(label, run, calls, results, rows)
+    for variant, _ in variants[1:]:
+        for what in ("bash: `true`", "CLI tool: printf, no shell"):
+            inside, outside = results[f"{what} ({variant})"], results[f"{what} (no sandbox)"]
+            overhead = {k: round(inside[k] - outside[k], 3) for k in ("p50_ms", "p99_ms")}
+            label = f"overhead of {variant}: {what}"
+            results[label] = overhead
+            rows.append([label, f"{overhead['p50_ms']:.2f} ms", f"{overhead['p99_ms']:.2f} ms"])
 
     big = workspace / "big.txt"
     big.write_text(("x" * 99 + "\n") * 10_486)  # ~1 MiB of 100-byte lines
@@ -157,16 +171,23 @@ async def call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], di
             lambda: WriteFileTool().execute({"path": "copy.txt", "content": "y" * 1_048_576}, read_ctx),
         ),
     ]:
-        samples = []
-        for _ in range(max(10, calls // 10)):
-            started = time.perf_counter()
-            out = await run()
-            samples.append(time.perf_counter() - started)
-            assert not out.is_error, out.content
-        stats = summary_ms(samples)
-        results[label] = stats
-        rows.append([label, f"{stats['p50_ms']:.2f} ms", f"{stats['p99_ms']:.2f} ms"])
+        await timed(label, run, max(10, calls // 10), results, rows)
     return rows, results
+
+
+async def timed(
+    label: str, run: Any, calls: int, results: dict[str, Any], rows: list[list[Any]]
+) -> None:
+    """Time ``calls`` successful calls of ``run``; add their summary to ``results`` and ``rows``."""
+    samples = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        out = await run()
+        samples.append(time.perf_counter() - started)
+        assert not out.is_error, out.content
+    stats = summary_ms(samples)
+    results[label] = stats
+    rows.append([label, f"{stats['p50_ms']:.2f} ms", f"{stats['p99_ms']:.2f} ms"])
 
 
 async def cancel_figures(rounds: int, workspace: Path) -> tuple[list[list[Any]], dict[str, Any]]:

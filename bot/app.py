@@ -18,6 +18,7 @@ from agent.tools.builtin import load_tools
 from agent.tools.cli_tools import ToolConfigError
 from agent.tools.mcp import McpManager
 from agent.tools.registry import Tool, ToolRegistry, ToolSettings
+from agent.tools.sandbox import Sandbox
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
 from bot.gateway.approvals import Approvals
@@ -28,15 +29,18 @@ from bot.gateway.reply import DeliveryLedger
 from bot.gateway.run import RunDeps, RunExecutor
 from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
-from bot.mcp_servers import server_specs
+from bot.mcp_servers import sandboxed, server_specs
 from bot.pairing import ApprovalNotices, ChannelPairing, PairingStore
+from bot.sandboxing import build_sandbox, hidden_paths
 from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key
 from bot.store.connection import RedisHandle
 from bot.store.kv import RedisKeyValue
 from bot.store.locks import SessionLock
+from bot.store.seal import RecordSeal
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
+from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, ChannelContext, RouteHandler, Scope
 from scheduler.cron_tool import CronTool
 from scheduler.service import SchedulerService
@@ -52,15 +56,17 @@ def replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def tool_settings(cfg: BotdConfig) -> ToolSettings:
+def tool_settings(cfg: BotdConfig, sandbox: Sandbox | None = None) -> ToolSettings:
+    """``sandbox`` None (config checks): tools unconfined; the daemon passes the probed one."""
     return ToolSettings(
         workspace=cfg.workspace,
         allowed_paths=tuple(Path(p) for p in cfg.allowed_paths()),
         # The store's own files (embedded Valkey data and socket) are never a tool's business.
-        denied_paths=(*(Path(p).expanduser() for p in cfg.security.denied_paths), cfg.workspace / ".botd"),
+        denied_paths=tuple(hidden_paths(cfg)),
         timeout_s=cfg.security.tool_timeout_s,
         max_output_bytes=cfg.security.max_tool_output_bytes,
         env_allowlist=tuple(cfg.security.env_allowlist),
+        sandbox=sandbox or Sandbox(bwrap=None, reason="not probed"),
     )
 
 
@@ -153,18 +159,21 @@ class App:
         cfg, client, prefix = self.cfg, self.store.client, self.cfg.redis.prefix
         keys = self.store.keys
         self.sessions = SessionStore(client, keys)
-        self.jobs = JobStore(client, keys)
-        self.tool_settings = tool_settings(cfg)
+        self.seal = RecordSeal.for_config(cfg)
+        self.jobs = JobStore(client, keys, self.seal)
+        self.sandbox = build_sandbox(cfg)
+        self.tool_settings = tool_settings(cfg, self.sandbox)
         declared = declared_tools(cfg, self.tool_settings)
         self.tools = ToolRegistry([*declared, CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)])
         # MCP servers add their tools to the same registry as they connect (started by the daemon).
         self.mcp = McpManager(
-            server_specs(cfg), self.tools, cwd=cfg.workspace, env_allowlist=self.tool_settings.env_allowlist
+            server_specs(cfg), self.tools, cwd=cfg.workspace, env_allowlist=self.tool_settings.env_allowlist,
+            wrapper=sandboxed(self.tool_settings),
         )
         self.broadcast = Broadcast(client)
         self.ledger = DeliveryLedger(client, prefix)
         self.redelivery = Redelivery(client, keys, self.channels, self.ledger)
-        self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s)
+        self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s, seal=self.seal)
         self.traces = TraceStore(client, prefix)
         self.pairing = PairingStore(client, keys)
         notices = ApprovalNotices(client, keys, self.channels)
@@ -176,6 +185,7 @@ class App:
                 tool_settings=self.tool_settings, channels=self.channels, ledger=self.ledger,
                 approvals=self.approvals, traces=self.traces, compactor=self.compactor,
                 redelivery=self.redelivery,
+                workspaces=SessionWorkspaces(self.tool_settings, cfg.agent.workspace_scope),
             )
         )
         self.control = ControlCommands(
@@ -200,6 +210,7 @@ class App:
             heartbeat_session_key=heartbeat_session_key(cfg.agent.id),
             agent_id=cfg.agent.id,
             instance_id=self.replica,
+            seal=self.seal,
         )
 
     def channel_context(self, name: str, add_route: Callable[[str, str, RouteHandler], None]) -> ChannelContext:

@@ -67,6 +67,7 @@ async def _wait_idle(daemon: Daemon, timeout_s: float = 600.0) -> None:
 
 
 async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
+    from bot.store.seal import RecordSeal
     from scheduler import cron_commands as cc
     from scheduler.jobs import SchedulerNotRunningError
     from scheduler.schedules import CronError
@@ -84,7 +85,7 @@ async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
                 return 2
             return 0
     async with store(cfg) as handle:
-        jobs = JobStore(handle.client, handle.keys)
+        jobs = JobStore(handle.client, handle.keys, RecordSeal.for_config(cfg))
         try:
             if args.cron_command == "add":
                 options = cc.CronAddOptions(

@@ -51,6 +51,7 @@ class AgentConfig(_Section):
     max_iterations: int = Field(20, ge=1, le=200)
     history_turns: int = Field(50, ge=1)
     max_message_chars: int = Field(32768, ge=256)
+    workspace_scope: Literal["user", "shared"] = "user"
 
 
 class LLMConfig(_Section):
@@ -159,6 +160,13 @@ class GatewayConfig(_Section):
     run_timeout_s: float = Field(1800, gt=0)
 
 
+class ToolLimitsConfig(_Section):
+    processes: int = Field(256, ge=8)
+    file_size_mb: int = Field(256, ge=1)
+    memory_mb: int = Field(2048, ge=64)
+    open_files: int = Field(1024, ge=32)
+
+
 class SecurityConfig(_Section):
     allowed_paths: list[Path] | None = None  # None: [<workspace>, /tmp/botd]
     denied_paths: list[Path] = Field(
@@ -170,6 +178,23 @@ class SecurityConfig(_Section):
         default_factory=lambda: ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TERM", "SHELL", "TMPDIR", "TZ"]
     )
     cli_tools_file: Path | None = None
+    sandbox: Literal["auto", "bwrap", "off"] = "auto"
+    sandbox_network: bool = False
+    tool_limits: ToolLimitsConfig = Field(default_factory=lambda: ToolLimitsConfig())
+    # Keys the MACs on approvals and cron grants; unset: generated in <workspace>/.botd/daemon.key.
+    secret: SecretStr | None = None
+
+    @field_validator("secret", mode="before")
+    @classmethod
+    def _empty_secret(cls, value: Any) -> Any:
+        return None if value == "" else value  # an empty variable from an env file means unset
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_length(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (e.g. openssl rand -hex 32)")
+        return value
 
 
 class McpToolConfig(_Section):
@@ -192,6 +217,7 @@ class McpServerConfig(_Section):
     enabled: bool = True
     timeout_s: float = Field(60, gt=0)
     startup_timeout_s: float = Field(30, gt=0)
+    network: bool = True  # stdio: the server may reach the network from inside the tool sandbox
 
     @model_validator(mode="after")
     def _one_transport(self) -> McpServerConfig:

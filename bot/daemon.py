@@ -66,7 +66,10 @@ class Daemon:
         channels = self._channels_override if self._channels_override is not None else build_channels(cfg)
         model = self._model_override or build_model(cfg)
         self.app = app = App(cfg, self.store, model, channels)
-        self.http = HttpServer(cfg.http.host, cfg.http.port, cfg.http.max_body_bytes, self.readiness)
+        self.http = HttpServer(
+            cfg.http.host, cfg.http.port, cfg.http.max_body_bytes, self.readiness,
+            details=lambda: {"sandbox": app.sandbox.describe()},
+        )
         await app.broadcast.start()
         await app.gateway.start()
         await app.mcp.start()  # returns at once: servers connect in the background

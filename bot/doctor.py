@@ -14,9 +14,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from bot.app import check_config
+from agent.tools.mcp_spec import run_directly
+from agent.tools.sandbox import Sandbox
+from bot.app import check_config, tool_settings
 from bot.config import BotdConfig, ConfigError
-from bot.mcp_servers import doctor_checks
 from bot.probes import Probe, check_slack, check_telegram, probe_llm
 from bot.store.connection import open_redis
 from bot.store.errors import StoreError
@@ -114,21 +115,45 @@ def _heartbeat(cfg: BotdConfig) -> list[Finding]:
     return [Finding("ok", "heartbeat", f"every {hb.every} to {channel}:{hb.target.chat_id}")]
 
 
+def _sandbox(cfg: BotdConfig) -> tuple[Finding, Sandbox | None]:
+    """ok when tool processes will be confined; ``auto`` without bubblewrap warns with the fix."""
+    from bot.sandboxing import build_sandbox
+
+    try:
+        sandbox = build_sandbox(cfg)
+    except ConfigError as exc:
+        return Finding("FAIL", "sandbox", str(exc), "apt-get install bubblewrap, or security.sandbox: auto"), None
+    if sandbox.active:
+        return Finding("ok", "sandbox", sandbox.describe()), sandbox
+    return Finding("warn", "sandbox", sandbox.describe(),
+                   "apt-get install bubblewrap and allow user namespaces (README, Security model)"), sandbox
+
+
+async def _mcp(cfg: BotdConfig, sandbox: Sandbox | None) -> list[Finding]:
+    """Each enabled MCP server started (stdio: in the sandbox, as the daemon would) and listed."""
+    if not any(server.enabled for server in cfg.mcp.servers.values()):
+        return []
+    from bot.mcp_servers import doctor_checks, sandboxed
+
+    wrapper = sandboxed(tool_settings(cfg, sandbox)) if sandbox is not None else run_directly
+    return [
+        Finding("ok" if ok else "FAIL", name, detail, "" if ok else f"check mcp.servers.{name.removeprefix('mcp:')}")
+        for name, ok, detail in await doctor_checks(cfg, wrapper)
+    ]
+
+
 async def run_checks(cfg: BotdConfig) -> list[Finding]:
     """Every finding, in a stable order; assumes :func:`check_config` passed."""
     source = str(cfg.source) if cfg.source is not None else "no file (defaults and environment)"
-    findings = [Finding("ok", "config", source)]
+    sandbox_finding, sandbox = _sandbox(cfg)
+    findings = [Finding("ok", "config", source), sandbox_finding]
     findings.append(await _redis(cfg))
     api_key = _secret(cfg.llm.api_key) or None
     findings.append(await _live("llm", lambda: probe_llm(cfg.llm.base_url, api_key, cfg.llm.model)))
     findings.extend(await _telegram(cfg))
     findings.extend(await _slack(cfg))
     findings.extend(_heartbeat(cfg))
-    if any(server.enabled for server in cfg.mcp.servers.values()):
-        findings.extend(
-            Finding("ok" if ok else "FAIL", name, detail, "" if ok else f"check mcp.servers.{name.removeprefix('mcp:')}")
-            for name, ok, detail in await doctor_checks(cfg)
-        )
+    findings.extend(await _mcp(cfg, sandbox))
     return findings
 
 

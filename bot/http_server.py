@@ -21,7 +21,11 @@ class ListenError(Exception):
 
 
 class HttpServer:
-    def __init__(self, host: str, port: int, max_body_bytes: int, readiness: ReadinessFn) -> None:
+    def __init__(
+        self, host: str, port: int, max_body_bytes: int, readiness: ReadinessFn,
+        details: Callable[[], dict[str, str]] = dict,
+    ) -> None:
+        self._details = details  # informational lines in /readyz (never make it fail)
         self._host = host
         self._port = port
         self._readiness = readiness
@@ -67,7 +71,7 @@ class HttpServer:
         except Exception as exc:
             return web.json_response({"status": "down", "error": str(exc)}, status=503)
         down = sorted(name for name, ok in parts.items() if not ok)
-        body = {"status": "ready" if not down else "down", "down": down, "checks": parts}
+        body = {"status": "ready" if not down else "down", "down": down, "checks": parts, **self._details()}
         return web.json_response(body, status=200 if not down else 503)
 
     async def _metrics(self, _: web.Request) -> web.Response:

@@ -1,5 +1,10 @@
 """The configured MCP servers (``mcp.servers``) as specs the agent's MCP client runs, and their doctor check.
 
+A stdio server runs in the tool sandbox like every tool process (``sandboxed``): it is
+shared by all sessions, so it gets a directory of its own, sees the workspace root
+read-only and no session's directory, never botd's files, and only its declared
+environment; ``network: false`` also cuts it off the network.
+
 ``${VAR}`` in ``env`` and ``headers`` is taken from the daemon's environment here,
 explicitly, and the resolved values are registered as secrets so logs redact
 them. A reference to an unset variable is a configuration error naming the key.
@@ -7,15 +12,24 @@ them. A reference to an unset variable is a configuration error naming the key.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import os
-from collections.abc import Mapping
+import shutil
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from agent.tools.environment import expand_env_refs
 from agent.tools.mcp import probe_servers
-from agent.tools.mcp_spec import McpServerSpec
+from agent.tools.mcp_spec import CommandWrapper, McpServerSpec
+from agent.tools.registry import ToolSettings
+from agent.tools.sandbox import SandboxCommand
 from agent.types import Category
 from bot.config import BotdConfig, ConfigError, McpServerConfig
 from bot.logs import register_secret
+from bot.workspaces import CHATS_DIR, USERS_DIR
+
+MCP_DIR = "mcp"  # <workspace>/mcp/<server>: a stdio server's working directory, its only writable place
 
 Check = tuple[str, bool, str]
 
@@ -55,10 +69,11 @@ def _spec(name: str, server: McpServerConfig, environ: Mapping[str, str]) -> Mcp
         disabled_tools=frozenset(server.disabled_tools),
         timeout_s=server.timeout_s,
         startup_timeout_s=server.startup_timeout_s,
+        network=server.network,
     )
 
 
-async def doctor_checks(cfg: BotdConfig) -> list[Check]:
+async def doctor_checks(cfg: BotdConfig, wrapper: CommandWrapper) -> list[Check]:
     """One check per enabled server: spawn or connect, list the tools, report the count or the error."""
     checks: list[Check] = []
     specs: list[McpServerSpec] = []
@@ -69,9 +84,36 @@ async def doctor_checks(cfg: BotdConfig) -> list[Check]:
             specs.append(_spec(name, server, os.environ))
         except ConfigError as exc:
             checks.append((f"mcp:{name}", False, str(exc)))
-    statuses = await probe_servers(specs, cwd=cfg.workspace, env_allowlist=tuple(cfg.security.env_allowlist))
+    statuses = await probe_servers(
+        specs, cwd=cfg.workspace, env_allowlist=tuple(cfg.security.env_allowlist), wrapper=wrapper
+    )
     for status in statuses:
         ok = status.last_error is None
         detail = f"{status.transport}, {status.tools} tools offered" if ok else status.last_error
         checks.append((f"mcp:{status.name}", ok, detail or ""))
     return checks
+
+
+def sandboxed(settings: ToolSettings) -> CommandWrapper:
+    """How the daemon runs a stdio MCP server: confined in ``settings.sandbox``."""
+    root = settings.workspace
+    writable_extra = tuple(path for path in settings.allowed_paths if path != root)
+    hidden = (*settings.masked_paths, root / USERS_DIR, root / CHATS_DIR)
+
+    def wrap(server: McpServerSpec, argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> SandboxCommand:
+        if shutil.which(argv[0], path=env.get("PATH")) is None:
+            # Found here, the error says "could not start" instead of the sandbox's exec failure.
+            raise FileNotFoundError(errno.ENOENT, "no such program", argv[0])
+        home = root / MCP_DIR / server.name
+        home.mkdir(parents=True, exist_ok=True)
+        for sessions in hidden[-2:]:  # masked only if present when the server starts: make them so
+            sessions.mkdir(parents=True, exist_ok=True)
+        sandbox = settings.sandbox
+        if sandbox.network != server.network:
+            sandbox = dataclasses.replace(sandbox, network=server.network)
+        return sandbox.wrap(
+            argv, cwd=home, env=env, writable=(home, *writable_extra),
+            readonly=(root, *settings.readonly_paths), hidden=hidden,
+        )
+
+    return wrap

@@ -149,6 +149,7 @@ class CronJob(BaseModel):
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     target: JobTarget
     allow: tuple[Grant, ...] = ()
+    grants_mac: str = ""  # set by JobStore: binds allow to the job (see scheduler.store)
     created_by: str = ""
     created_in: JobTarget | None = None
     created_at: datetime

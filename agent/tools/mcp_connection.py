@@ -167,7 +167,7 @@ class McpConnection:
             if spec.transport == "stdio":
                 assert spec.command is not None
                 link, read, write = await stack.enter_async_context(
-                    stdio_link([spec.command, *spec.args], self._env, self._cwd, self._wrapper)
+                    stdio_link(spec, [spec.command, *spec.args], self._env, self._cwd, self._wrapper)
                 )
                 self._link = link  # kept after the end: its stderr tail says why the server died
                 transport = contextlib.nullcontext((read, write))

@@ -11,19 +11,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from agent.tools.sandbox import SandboxCommand
 from agent.types import Category
 
 Transport = Literal["stdio", "streamable_http", "sse"]
 State = Literal["starting", "ready", "restarting", "stopped"]
 
-# (argv, env, cwd) -> (argv, env): how a stdio server's command is actually executed.
-# The seam for the tool sandbox (e.g. bubblewrap: ["bwrap", …, "--", *argv]).
-CommandWrapper = Callable[[Sequence[str], Mapping[str, str], Path], tuple[list[str], dict[str, str]]]
+# (server, argv, env, cwd) -> what to exec: how a stdio server's command is actually run.
+# The daemon confines it in the tool sandbox (``ToolSettings.sandbox``); ``release()`` runs
+# after the server's process group is gone.
+CommandWrapper = Callable[["McpServerSpec", Sequence[str], Mapping[str, str], Path], SandboxCommand]
 
 
-def run_directly(argv: Sequence[str], env: Mapping[str, str], cwd: Path) -> tuple[list[str], dict[str, str]]:
-    """The default wrapper: the command as declared."""
-    return list(argv), dict(env)
+def run_directly(
+    server: McpServerSpec, argv: Sequence[str], env: Mapping[str, str], cwd: Path
+) -> SandboxCommand:
+    """The command as declared, unconfined (tests and tools that bring their own isolation)."""
+    return SandboxCommand(argv=list(argv), env=dict(env), cwd=cwd)
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class McpServerSpec:
     disabled_tools: frozenset[str] = frozenset()
     timeout_s: float = 60.0
     startup_timeout_s: float = 30.0
+    network: bool = True  # a stdio server inside the sandbox may reach the network
 
     def offers(self, tool: str) -> bool:
         """Whether the server's tool ``tool`` is offered to the model."""

@@ -5,12 +5,13 @@ into the child's; botd's rule is stricter — the child gets the allowlist plus
 what the server declares, nothing else — so the process is started here and
 the SDK's ``Client`` only gets the two message streams.
 
-``CommandWrapper`` is the seam for the tool sandbox: it receives the argv, the
-environment and the working directory and returns the argv and environment to
-actually execute (for bubblewrap, ``["bwrap", …, "--", *argv]``). The default
-runs the command as it is. The server leads its own session, so closing the
-link ends the whole process group; a sandbox wrapper must keep that property
-(bubblewrap with ``--die-with-parent`` and its own PID namespace does).
+``CommandWrapper`` is the seam for the tool sandbox: it receives the server, the
+argv, the environment and the working directory and returns the command to
+actually execute (the daemon's wraps it in bubblewrap, see
+``bot.mcp_servers.sandboxed``). The default runs the command as it is. The server
+leads its own session, so closing the link ends the whole process group (with
+bubblewrap, its PID namespace goes with it); the command's ``release()`` then
+clears what the sandbox kept for it.
 
 A line from the server is capped (``MAX_LINE_BYTES``): a server that writes an
 endless line is cut off instead of growing botd's memory.
@@ -33,7 +34,7 @@ from anyio.abc import Process
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from mcp.shared.message import SessionMessage
 
-from agent.tools.mcp_spec import CommandWrapper, run_directly
+from agent.tools.mcp_spec import CommandWrapper, McpServerSpec, run_directly
 
 MAX_LINE_BYTES = 32 * 1024 * 1024
 STDERR_TAIL_BYTES = 4096
@@ -64,7 +65,11 @@ class StdioLink:
 
 @asynccontextmanager
 async def stdio_link(
-    argv: Sequence[str], env: Mapping[str, str], cwd: Path, wrapper: CommandWrapper = run_directly
+    server: McpServerSpec,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: Path,
+    wrapper: CommandWrapper = run_directly,
 ) -> AsyncIterator[
     tuple[StdioLink, MemoryObjectReceiveStream[SessionMessage | Exception], MemoryObjectSendStream[SessionMessage]]
 ]:
@@ -73,16 +78,20 @@ async def stdio_link(
     Raises ``OSError`` when the program cannot be started. On exit (normal, error or
     cancellation) the process group is gone.
     """
-    run_argv, run_env = wrapper(argv, env, cwd)
-    process = await anyio.open_process(
-        run_argv,
-        env=run_env,
-        cwd=str(cwd),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    command = wrapper(server, argv, env, cwd)
+    try:
+        process = await anyio.open_process(
+            command.argv,
+            env=command.env,
+            cwd=str(command.cwd),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+    except BaseException:
+        command.release()
+        raise
     link = StdioLink(pid=process.pid)
     read_writer, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](0)
@@ -131,6 +140,7 @@ async def stdio_link(
         finally:
             with anyio.CancelScope(shield=True):
                 await _stop(process)
+                await anyio.to_thread.run_sync(command.release)
                 for stream in (read_stream, write_stream):
                     await stream.aclose()
             tasks.cancel_scope.cancel()

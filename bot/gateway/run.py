@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from zoneinfo import ZoneInfo
 
@@ -46,6 +47,7 @@ from bot.config import BotdConfig
 from bot.gateway.reply import DeliveryLedger, Reply, notify
 from bot.store.sessions import SessionStore
 from bot.tracing import Span, Trace, TraceStore, TracingModel, clip, verbose
+from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
@@ -62,7 +64,9 @@ RETRY_REASONS = frozenset({"shutdown", "lock_lost"})
 
 
 class Compactor(Protocol):
-    async def maybe_compact(self, session_key: str, last_prompt_tokens: int) -> bool: ...
+    async def maybe_compact(
+        self, session_key: str, last_prompt_tokens: int, *, settings: ToolSettings | None = None
+    ) -> bool: ...
 
 
 class RunControl(Protocol):
@@ -99,6 +103,7 @@ class RunDeps:
     traces: TraceStore
     compactor: Compactor | None = None
     redelivery: Redelivery | None = None
+    workspaces: SessionWorkspaces | None = None  # None: every run uses tool_settings as is
     tool_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -227,7 +232,7 @@ class RunExecutor:
             context_window_tokens=deps.cfg.llm.context_window,
             summary=summary,
         )
-        system = build_system_prompt(self._prompt_spec(turn.last))
+        system = build_system_prompt(self._prompt_spec(turn.last, self._settings(turn.last).workspace))
         return [Message.system(system), *prepared, *user_messages]
 
     async def _run_agent(
@@ -250,7 +255,7 @@ class RunExecutor:
         ctx = ToolContext(
             run_id=turn.run_id,
             session_key=turn.session_key,
-            settings=deps.tool_settings,
+            settings=self._settings(last),
             policy=last.tool_policy,
             chat={"channel": last.channel, "chat_id": last.chat_id, "thread_id": last.thread_id,
                   "user_id": last.user_id},
@@ -305,7 +310,9 @@ class RunExecutor:
         await self._persist(session_key, run_id, user_messages, result, model)
         if deps.compactor is not None:
             try:
-                await deps.compactor.maybe_compact(session_key, model.last_prompt_tokens)
+                await deps.compactor.maybe_compact(
+                    session_key, model.last_prompt_tokens, settings=self._settings(turn.last)
+                )
             except Exception as exc:
                 turn.bound.warning("compaction.failed", error=str(exc))
         return RunOutcome(run_id, _status(result), delivery, result.error, result.text)
@@ -334,7 +341,12 @@ class RunExecutor:
                 session_key, usage.prompt_tokens, usage.completion_tokens, run_id=f"{run_id}:{index}"
             )
 
-    def _prompt_spec(self, req: RunRequest) -> PromptSpec:
+    def _settings(self, req: RunRequest) -> ToolSettings:
+        """The tool settings of ``req``'s session directory (``agent.workspace_scope``)."""
+        workspaces = self.deps.workspaces
+        return workspaces.settings_for(req) if workspaces else self.deps.tool_settings
+
+    def _prompt_spec(self, req: RunRequest, session_workspace: Path) -> PromptSpec:
         cfg = self.deps.cfg
         tz_name = cfg.heartbeat.timezone if req.kind == "heartbeat" else cfg.scheduler.timezone
         tools = self.deps.tools
@@ -349,6 +361,7 @@ class RunExecutor:
             timezone=tz_name,
             agent_id=cfg.agent.id,
             model=cfg.llm.model,
+            session_workspace=session_workspace,
         )
 
 

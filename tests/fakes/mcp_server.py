@@ -77,6 +77,16 @@ def environment() -> str:
 
 
 @server.tool()
+def peek(path: str) -> str:
+    """Whether ``path`` can be read from inside the server's process: "readable" or why not."""
+    try:
+        Path(path).read_bytes()
+    except OSError as exc:
+        return f"unreadable: {type(exc).__name__}"
+    return "readable"
+
+
+@server.tool()
 def touch(name: str) -> str:
     """Create a marker file (shows whether a call reached the server)."""
     markers = _markers()

@@ -5,6 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+from agent.tools.mcp_spec import run_directly
 from bot.config import BotdConfig
 from bot.mcp_servers import doctor_checks
 from tests.fakes.mcp_rig import FAKE_SERVER
@@ -24,13 +27,18 @@ def servers(markers: Path) -> dict[str, object]:
     }
 
 
+def sandboxed_markers(markers: Path) -> dict[str, object]:
+    """The servers run in the tool sandbox: the marker directory is one of its writable places."""
+    return {"tool_timeout_s": 30, "allowed_paths": [str(markers)]}
+
+
 async def test_chat_uses_mcp_tools_while_a_broken_server_is_retried(
     tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> None:
     markers = tmp_path / "markers"
     markers.mkdir()
     async with FakeOpenAI() as fake, running_daemon(
-        tmp_path, fake, redis_url, redis_prefix, mcp=servers(markers)
+        tmp_path, fake, redis_url, redis_prefix, mcp=servers(markers), security=sandboxed_markers(markers)
     ) as bot:
         mcp = bot.app.mcp
         await wait_until(lambda: mcp.connections["fake"].state == "ready", timeout=30, what="the fake server")
@@ -52,7 +60,7 @@ async def test_stop_cancels_a_running_mcp_call(tmp_path: Path, redis_url: str, r
     markers = tmp_path / "markers"
     markers.mkdir()
     async with FakeOpenAI() as fake, running_daemon(
-        tmp_path, fake, redis_url, redis_prefix, mcp=servers(markers)
+        tmp_path, fake, redis_url, redis_prefix, mcp=servers(markers), security=sandboxed_markers(markers)
     ) as bot:
         await wait_until(lambda: bot.app.mcp.connections["fake"].state == "ready", timeout=30, what="the server")
         fake.script(
@@ -69,6 +77,32 @@ async def test_stop_cancels_a_running_mcp_call(tmp_path: Path, redis_url: str, r
         assert roles(await bot.history()) == ["user", "assistant", "tool"]
 
 
+async def test_a_stdio_server_runs_in_the_tool_sandbox(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    config = tmp_path / "botd-secret.yaml"
+    config.write_text("llm: {api_key: sk-not-for-tools}\n", encoding="utf-8")
+    async with FakeOpenAI() as fake, running_daemon(
+        tmp_path, fake, redis_url, redis_prefix, mcp=servers(markers), security=sandboxed_markers(markers)
+    ) as bot:
+        if not bot.app.tool_settings.sandbox.active:
+            pytest.skip("bubblewrap cannot run here")
+        await wait_until(lambda: bot.app.mcp.connections["fake"].state == "ready", timeout=30, what="the server")
+        workspace = bot.app.cfg.workspace
+        (workspace / "users" / "telegram-1").mkdir(parents=True)
+        (workspace / "users" / "telegram-1" / "MEMORY.md").write_text("another user's notes")
+        targets = [workspace / ".botd" / "daemon.key", workspace / "users" / "telegram-1" / "MEMORY.md",
+                   markers / "starts"]
+        fake.script(
+            Reply.tool_calls([Call("fake__peek", {"path": str(target)}) for target in targets]), Reply.text("done")
+        )
+        await bot.send("look around")
+        await bot.wait_idle(timeout=30)
+        results = [m.content for m in await bot.history() if m.role == "tool"]
+        assert results[0].startswith("unreadable") and results[1].startswith("unreadable"), results
+        assert results[2] == "readable"  # an allowed path is visible to it
+
+
 async def test_doctor_checks_each_server_on_its_own(tmp_path: Path) -> None:
     fake = [str(FAKE_SERVER)]
     cfg = BotdConfig.model_validate({
@@ -80,7 +114,7 @@ async def test_doctor_checks_each_server_on_its_own(tmp_path: Path) -> None:
             "off": {"command": "x", "enabled": False},
         }},
     })
-    checks = {name: (ok, detail) for name, ok, detail in await doctor_checks(cfg)}
+    checks = {name: (ok, detail) for name, ok, detail in await doctor_checks(cfg, run_directly)}
     assert set(checks) == {"mcp:fake", "mcp:broken", "mcp:unset"}
     assert checks["mcp:fake"][0] and checks["mcp:fake"][1].startswith("stdio, ") and "tools offered" in checks["mcp:fake"][1]
     assert not checks["mcp:broken"][0] and "the configuration is missing" in checks["mcp:broken"][1]
