@@ -158,6 +158,8 @@ def print_overhead(r: dict[str, Any]) -> None:
     ]
     rows.append(("e2e − bare", r["e2e_minus_bare_p50_ms"], float("nan"), r["e2e_minus_bare_p99_ms"], float("nan")))
     print(table(("", "p50 ms", "p90 ms", "p99 ms", "max ms"), rows))
+    print(f"CPU per message: {r['cpu_ms_per_message']} ms (bot {r['cpu_ms_per_message_bot']}, "
+          f"store {r['cpu_ms_per_message_store']})")
     print(f"Redis commands per message: {r['redis_commands_per_message']}; "
           f"request: {r['prompt_messages_last']} messages, {r['tools_in_request']} tools")
     print("  by command: " + ", ".join(f"{k} {v:g}" for k, v in r["redis_commands_by_name"].items()), flush=True)
