@@ -54,6 +54,21 @@ end
 return items
 """
 
+# A worker's next batch: what a previous holder left running (resumed), else everything waiting.
+_CLAIM = """
+local running = redis.call('LRANGE', KEYS[2], 0, -1)
+if #running > 0 then
+  return {1, running}
+end
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+if #items > 0 then
+  redis.call('RPUSH', KEYS[2], unpack(items))
+  redis.call('DEL', KEYS[1])
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+end
+return {0, items}
+"""
+
 _FINISH = """
 redis.call('DEL', KEYS[1])
 if redis.call('LLEN', KEYS[2]) == 0 then
@@ -103,6 +118,7 @@ class Inbox:
         self._keys = Keys(prefix)
         self._enqueue = client.register_script(_ENQUEUE)
         self._take = client.register_script(_TAKE)
+        self._claim = client.register_script(_CLAIM)
         self._finish = client.register_script(_FINISH)
 
     def _inbox(self, session_key: str) -> str:
@@ -132,6 +148,14 @@ class Inbox:
         """Move everything waiting into the running list and return it (oldest first)."""
         raw = await self._take(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS])
         return [RunRequest.model_validate_json(item) for item in raw or []]
+
+    async def claim(self, session_key: str) -> tuple[list[RunRequest], bool]:
+        """The batch to run next and whether it is resumed: the running batch a previous
+        holder never finished, else everything waiting (moved to running). One step."""
+        resumed, raw = await self._claim(
+            keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS]
+        )
+        return [RunRequest.model_validate_json(item) for item in raw or []], bool(resumed)
 
     async def running(self, session_key: str) -> list[RunRequest]:
         """Work a previous holder took but never finished (it died or lost its lock)."""

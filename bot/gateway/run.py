@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 from zoneinfo import ZoneInfo
 
 import structlog
@@ -55,8 +55,10 @@ log = structlog.get_logger(__name__)
 
 OutcomeStatus = Literal["completed", "failed", "cancelled", "timeout", "max_iterations", "blocked"]
 
-# Cancellations after which the batch is run again elsewhere rather than recorded.
-RETRY_REASONS = frozenset({"shutdown", "lock_lost"})
+# The reason a run is cancelled to start again with the messages that followed it.
+FOLD: Final = "fold"
+# Cancellations after which the batch is run again (elsewhere, or folded) rather than recorded.
+RETRY_REASONS = frozenset({"shutdown", "lock_lost", FOLD})
 
 
 
@@ -73,6 +75,10 @@ class RunControl(Protocol):
 
     def acknowledge(self) -> str | None:
         """The run handles its cancellation: stop re-cancelling; returns the reason."""
+        ...
+
+    def output_started(self) -> None:
+        """Before anything is shown (text, a tool call, the answer); raises when cancelled."""
         ...
 
 
@@ -131,14 +137,17 @@ class _Turn:
 class RunObserver:
     """Watches the loop's events: previews for text, a trace span and a metric per tool."""
 
-    def __init__(self, reply: Reply, trace: Trace) -> None:
+    def __init__(self, reply: Reply, trace: Trace, control: RunControl) -> None:
         self._reply = reply
         self._trace = trace
+        self._control = control
 
     async def __call__(self, event: AgentEvent) -> None:
         if isinstance(event, ChunkEvent):
+            self._control.output_started()
             await self._reply.on_chunk(event.text)
         elif isinstance(event, ToolCallEvent):
+            self._control.output_started()
             self._reply.reset_text()
         elif isinstance(event, ToolResultEvent):
             result = event.tool_result
@@ -186,6 +195,7 @@ class RunExecutor:
     async def _execute(self, turn: _Turn, control: RunControl) -> RunOutcome:
         saved = await self.deps.ledger.load_result(turn.run_id)
         if saved is not None:
+            control.output_started()
             return await self._resume_saved(turn, saved)
         if turn.first.meta.get("fresh_session") == "1":
             await self.deps.sessions.reset(turn.session_key)
@@ -198,6 +208,10 @@ class RunExecutor:
             result = await self._run_agent(turn, control, messages, model)
         except RunCancelled as cancelled:
             return await self._cancelled(turn, control, user_messages, cancelled.result, model)
+        try:
+            control.output_started()
+        except asyncio.CancelledError:  # cancelled after the model's last word, before any of it was shown
+            return await self._cancelled(turn, control, user_messages, result, model)
         return await self._finish(turn, user_messages, result, model)
 
     async def _resume_saved(self, turn: _Turn, saved: RunResult) -> RunOutcome:
@@ -256,7 +270,7 @@ class RunExecutor:
             tools=deps.tools,
             ctx=ctx,
             run_id=turn.run_id,
-            on_event=RunObserver(turn.reply, turn.trace),
+            on_event=RunObserver(turn.reply, turn.trace, control),
             steer=steer_messages,
             approve=approve,
             max_iterations=deps.cfg.agent.max_iterations,

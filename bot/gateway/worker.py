@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 import structlog
@@ -26,7 +27,7 @@ from bot import metrics
 from bot.config import BotdConfig
 from bot.gateway.inbox import Inbox
 from bot.gateway.reply import DeliveryLedger, notify
-from bot.gateway.run import RETRY_REASONS, RunExecutor, RunOutcome
+from bot.gateway.run import FOLD, RETRY_REASONS, RunExecutor, RunOutcome
 from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time
 from bot.store.keys import Keys
 from bot.store.locks import SessionLock
@@ -54,6 +55,7 @@ class SessionRun:
         inbox: Inbox,
         signals: CancelSignals,
         steer_mode: bool,
+        fold_window_s: float = 0.0,
     ) -> None:
         self.task = task
         self.started_at = started_at
@@ -65,6 +67,10 @@ class SessionRun:
         self._steer_mode = steer_mode
         self._acknowledged = False  # the run has seen its cancellation and is cleaning up
         self._nudger: asyncio.Task[None] | None = None
+        # Until output starts, a message arriving within the window restarts the run with it.
+        self._fold_window_s = fold_window_s
+        self._fold_until = time.monotonic() + fold_window_s
+        self._output_started = False
 
     def cancel(self, reason: str) -> None:
         """Cancel the run (the first reason wins) and keep cancelling until it notices."""
@@ -82,6 +88,24 @@ class SessionRun:
         """A stop at ``at`` applies to this run only when the run had started by then."""
         if self.started_at <= at and self.reason is None:
             self.cancel(reason)
+
+    def fold(self) -> bool:
+        """A message for this session arrived: restart the run with it, if nothing has been
+        shown yet and it came within the burst window of the previous one. True if so."""
+        if self._output_started or self.reason is not None or self.task.done():
+            return False
+        now = time.monotonic()
+        if self._fold_window_s <= 0 or now > self._fold_until:
+            return False
+        self.cancel(FOLD)
+        return True
+
+    def output_started(self) -> None:
+        """Called by the run before it shows anything (text, a tool call, the answer):
+        from here on a new message is a new turn, never folded into this one."""
+        self._output_started = True
+        if self.reason is not None:
+            raise asyncio.CancelledError  # a pending cancellation must win over showing output
 
     def shutdown(self) -> None:
         """The replica is stopping: the batch stays queued for a retry elsewhere."""
@@ -164,6 +188,11 @@ class Workers:
         if run is not None:
             run.cancel(reason)
 
+    def fold(self, session_key: str) -> bool:
+        """Fold a just-queued message into the session's run here, if it has shown nothing yet."""
+        run = self.active.get(session_key)
+        return run is not None and run.fold()
+
     # ---- serving a session -------------------------------------------------------------
 
     def kick(self, session_key: str) -> None:
@@ -206,30 +235,27 @@ class Workers:
     async def _drain(self, session_key: str, lock: SessionLock) -> None:
         """Run the session's batches while holding its lock.
 
-        Stops when the lock is no longer held (a run only notices a lost lock while it is
-        registered as active; between runs this check does it), and after a batch when
-        other sessions wait for a run slot, so one busy chat cannot keep a slot forever:
-        the worker then goes to the back of the queue.
+        A batch starts at once; messages that arrive before it shows anything are folded
+        into it (the run restarts with them). Stops when the lock is no longer held (a
+        run only notices a lost lock while it is registered as active; between runs this
+        check does it), and after a batch when other sessions wait for a run slot, so one
+        busy chat cannot keep a slot forever: the worker then goes to the back of the queue.
         """
-        first = True
         while not self._closing:
             if not lock.is_held:
                 log.warning("worker.lock_lost_between_runs", session_key=session_key)
                 return
-            batch = await self._inbox.running(session_key)
-            if batch:
+            batch, resumed = await self._inbox.claim(session_key)
+            if resumed:
                 batch = await self._retry_guard(session_key, batch)
-            else:
-                if first:
-                    await self._debounce(session_key)
-                    if self._closing:
-                        return  # shutting down: leave the messages waiting for the next replica
-                batch = await self._inbox.take(session_key)
-            first = False
             if not batch:
                 await self._inbox.finish(session_key)
                 return
             outcome = await self._run(session_key, batch, lock)
+            while outcome == FOLD:
+                batch = batch + await self._inbox.take(session_key)
+                log.info("run.folded", session_key=session_key, run_id=batch[0].run_id, messages=len(batch))
+                outcome = await self._run(session_key, batch, lock)
             if outcome is None:
                 return  # left for a retry (shutdown, lock lost, store error)
             if not await self._inbox.finish(session_key):
@@ -255,27 +281,18 @@ class Workers:
         await self._inbox.finish(session_key)
         return await self._inbox.take(session_key)
 
-    async def _debounce(self, session_key: str) -> None:
-        delay = self.cfg.queue.debounce_ms / 1000
-        if delay <= 0:
-            return
-        head = await self._inbox.peek(session_key)
-        if head is None or head.kind != "chat":
-            return
-        seen = await self._inbox.waiting(session_key)
-        for _ in range(10):
-            await asyncio.sleep(delay)
-            now = await self._inbox.waiting(session_key)
-            if now == seen:
-                return
-            seen = now
-
-    async def _run(self, session_key: str, batch: list[RunRequest], lock: SessionLock) -> RunOutcome | None:
+    async def _run(
+        self, session_key: str, batch: list[RunRequest], lock: SessionLock
+    ) -> RunOutcome | Literal["fold"] | None:
+        """One run of ``batch``: its outcome, None when it is left for a retry, or FOLD when
+        it was cancelled to start again with the messages that followed it."""
         task = asyncio.current_task()
         assert task is not None
+        foldable = self.cfg.queue.mode != "interrupt" and all(r.kind == "chat" for r in batch)
         run = SessionRun(
             task, started_at=await server_time(self._r), run_id=batch[0].run_id, session_key=session_key,
             inbox=self._inbox, signals=self._signals, steer_mode=self.cfg.queue.mode == "steer",
+            fold_window_s=self.cfg.queue.debounce_ms / 1000 if foldable else 0.0,
         )
         self.active[session_key] = run
         if not lock.is_held:  # lost while we were registering: on_lost found nothing to cancel
@@ -299,6 +316,8 @@ class Workers:
             timer.cancel()
             self.active.pop(session_key, None)
             run.close()
+        if run.reason == FOLD:
+            return FOLD
         if outcome is not None and run.reason in RETRY_REASONS:
             outcome = None
         if outcome is not None:
