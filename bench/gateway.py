@@ -160,6 +160,7 @@ def print_overhead(r: dict[str, Any]) -> None:
     print(table(("", "p50 ms", "p90 ms", "p99 ms", "max ms"), rows))
     print(f"CPU per message: {r['cpu_ms_per_message']} ms (bot {r['cpu_ms_per_message_bot']}, "
           f"store {r['cpu_ms_per_message_store']})")
+    print(f"store round trips per message: {r['store_round_trips_per_message']}")
     print(f"Redis commands per message: {r['redis_commands_per_message']}; "
           f"request: {r['prompt_messages_last']} messages, {r['tools_in_request']} tools")
     print("  by command: " + ", ".join(f"{k} {v:g}" for k, v in r["redis_commands_by_name"].items()), flush=True)

@@ -96,6 +96,8 @@ class Daemon:
                 with contextlib.suppress(Exception):
                     await app.scheduler.stop(grace_s=1.0)
             await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s)
+            with contextlib.suppress(Exception):
+                await app.traces.aclose()  # the last runs' traces
         # Intake stopped first; replies of finishing runs needed the clients until now.
         for channel in self._started_channels:
             with contextlib.suppress(Exception):

@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 
 from agent.types import RunRequest
 from bot.store.keys import Keys
-from bot.store.kv import ttl_ms
+from bot.store.kv import queue_script, ttl_ms
 from bot.store.locks import ACQUIRE
 
 _ENQUEUE = """
@@ -54,11 +54,13 @@ end
 return items
 """
 
-# A worker's next batch: what a previous holder left running (resumed), else everything waiting.
+# A worker's next batch: what a previous holder left running (resumed), else everything
+# waiting; with the server's clock, the run's start as every replica sees it.
 _CLAIM = """
+local now = redis.call('TIME')
 local running = redis.call('LRANGE', KEYS[2], 0, -1)
 if #running > 0 then
-  return {1, running}
+  return {1, running, now[1], now[2]}
 end
 local items = redis.call('LRANGE', KEYS[1], 0, -1)
 if #items > 0 then
@@ -66,7 +68,7 @@ if #items > 0 then
   redis.call('DEL', KEYS[1])
   redis.call('PEXPIRE', KEYS[2], ARGV[1])
 end
-return {0, items}
+return {0, items, now[1], now[2]}
 """
 
 _FINISH = """
@@ -110,6 +112,13 @@ class EnqueueResult:
     duplicate: bool = False
 
 
+@dataclass
+class Claim:
+    batch: list[RunRequest]
+    resumed: bool  # left running by a holder that never finished it
+    server_time: float  # Redis' clock at the claim
+
+
 class Inbox:
     """The Redis side of queueing: enqueue, take, finish, and finding stranded work."""
 
@@ -149,13 +158,25 @@ class Inbox:
         raw = await self._take(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS])
         return [RunRequest.model_validate_json(item) for item in raw or []]
 
-    async def claim(self, session_key: str) -> tuple[list[RunRequest], bool]:
-        """The batch to run next and whether it is resumed: the running batch a previous
-        holder never finished, else everything waiting (moved to running). One step."""
-        resumed, raw = await self._claim(
+    async def claim(self, session_key: str) -> Claim:
+        """The batch to run next: the running batch a previous holder never finished
+        (resumed), else everything waiting (moved to running). One step."""
+        resumed, raw, sec, usec = await self._claim(
             keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS]
         )
-        return [RunRequest.model_validate_json(item) for item in raw or []], bool(resumed)
+        return Claim(
+            batch=[RunRequest.model_validate_json(item) for item in raw or []],
+            resumed=bool(resumed),
+            server_time=float(sec) + float(usec) / 1_000_000,
+        )
+
+    async def take_reading(self, session_key: str, other_key: str) -> tuple[list[RunRequest], str | bytes | None]:
+        """``take``, and the value of ``other_key`` read in the same round trip."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.get(other_key)
+        queue_script(pipe, self._take, [self._inbox(session_key), self._running(session_key)], [_KEEP_MS])
+        value, raw = await pipe.execute()
+        return [RunRequest.model_validate_json(item) for item in raw or []], value
 
     async def running(self, session_key: str) -> list[RunRequest]:
         """Work a previous holder took but never finished (it died or lost its lock)."""

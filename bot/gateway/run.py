@@ -63,11 +63,15 @@ RETRY_REASONS = frozenset({"shutdown", "lock_lost", FOLD})
 
 
 class Compactor(Protocol):
-    async def maybe_compact(self, session_key: str, last_prompt_tokens: int) -> bool: ...
+    async def maybe_compact(
+        self, session_key: str, last_prompt_tokens: int, *, stored: tuple[int, int] | None = None
+    ) -> bool: ...
 
 
 class RunControl(Protocol):
     """What a run asks of its owner (``worker.SessionRun``)."""
+
+    resumed: bool  # a batch a previous attempt left unfinished (it may have saved its result)
 
     async def steer(self) -> list[RunRequest]:
         """Before every LLM call: messages to hand over now (raises when cancelled)."""
@@ -193,7 +197,8 @@ class RunExecutor:
         return outcome
 
     async def _execute(self, turn: _Turn, control: RunControl) -> RunOutcome:
-        saved = await self.deps.ledger.load_result(turn.run_id)
+        # Only an earlier attempt at this batch can have stored its result.
+        saved = await self.deps.ledger.load_result(turn.run_id) if control.resumed else None
         if saved is not None:
             control.output_started()
             return await self._resume_saved(turn, saved)
@@ -226,8 +231,7 @@ class RunExecutor:
         deps = self.deps
         if verbose():
             turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
-        history = await deps.sessions.history(turn.session_key)
-        summary = await deps.sessions.summary(turn.session_key)
+        history, summary = await deps.sessions.context(turn.session_key)
         prepared = prepare_history(
             history,
             history_turns=deps.cfg.agent.history_turns,
@@ -309,10 +313,10 @@ class RunExecutor:
 
         await deps.ledger.save_result(run_id, result.model_copy(update={"messages": user_messages + result.messages}))
         delivery = await turn.reply.finish(result.text)
-        await self._persist(session_key, run_id, user_messages, result, model)
+        stored = await self._persist(session_key, run_id, user_messages, result, model)
         if deps.compactor is not None:
             try:
-                await deps.compactor.maybe_compact(session_key, model.last_prompt_tokens)
+                await deps.compactor.maybe_compact(session_key, model.last_prompt_tokens, stored=stored)
             except Exception as exc:
                 turn.bound.warning("compaction.failed", error=str(exc))
         return RunOutcome(run_id, _status(result), delivery, result.error, result.text)
@@ -333,13 +337,11 @@ class RunExecutor:
 
     async def _persist(
         self, session_key: str, run_id: str, user_messages: list[Message], result: RunResult, model: TracingModel
-    ) -> None:
-        await self.deps.sessions.append(session_key, run_id, user_messages + result.messages)
-        # One record per LLM call, so "last prompt" is the last call's, not the run's sum.
-        for index, usage in enumerate(model.usages):
-            await self.deps.sessions.record_usage(
-                session_key, usage.prompt_tokens, usage.completion_tokens, run_id=f"{run_id}:{index}"
-            )
+    ) -> tuple[int, int]:
+        """Append the run and its usage (one record per LLM call, so "last prompt" is the
+        last call's, not the run's sum); the stored message and compaction counts after."""
+        usages = [(u.prompt_tokens, u.completion_tokens) for u in model.usages]
+        return await self.deps.sessions.record_run(session_key, run_id, user_messages + result.messages, usages)
 
     def _prompt_spec(self, req: RunRequest) -> PromptSpec:
         cfg = self.deps.cfg
