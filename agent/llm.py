@@ -115,6 +115,8 @@ class LLMClient:
             base_url=base_url,
             max_retries=0,
             timeout=request_timeout_s,
+            # The SDK's aiohttp transport: about half the CPU of its default per request.
+            http_client=openai.DefaultAioHttpClient(timeout=request_timeout_s),
         )
 
     async def aclose(self) -> None:
@@ -288,9 +290,9 @@ class LLMClient:
 
     def _error(self, exc: openai.APIError) -> LLMError:
         """The ``LLMError`` for a failure before the stream started, with the operator's detail."""
-        if isinstance(exc, openai.APITimeoutError):
+        if isinstance(exc, openai.APITimeoutError) and not _refused(exc):
             return LLMError("The language model request timed out.", kind="timeout", retryable=True)
-        if isinstance(exc, openai.APIConnectionError):
+        if isinstance(exc, openai.APIConnectionError):  # a timeout is one too, after the check above
             return LLMError("Could not reach the language model service.", kind="connection", retryable=True)
         status = getattr(exc, "status_code", None)
         if not isinstance(status, int):
@@ -334,6 +336,19 @@ class LLMClient:
         if not isinstance(message, str) or not message.strip():
             return ""
         return redact(message.strip(), self._secret)[:_MAX_DETAIL_CHARS]
+
+
+def _refused(exc: BaseException) -> bool:
+    """A "timeout" that is really a failed connect: the aiohttp transport reports every
+    connection error as a connect timeout; the cause chain still holds the OS error."""
+    seen: BaseException | None = exc.__cause__ or exc.__context__
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and not isinstance(seen, TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _check_finished(assembler: StreamAssembler, content_type: str) -> None:
