@@ -31,7 +31,16 @@ import httpx2
 import openai
 import structlog
 
-from agent.llm_stream import SSEDecoder, StreamAssembler, body_bytes, drain, in_stream_error, malformed
+from agent.llm_stream import (
+    SSEDecoder,
+    StreamAssembler,
+    body_bytes,
+    check_finished,
+    drain,
+    in_stream_error,
+    malformed,
+    refused,
+)
 from agent.llm_types import (
     ChatModel,
     DeltaCallback,
@@ -198,7 +207,7 @@ class LLMClient:
         finally:
             await body.aclose()
             await response.aclose()
-        _check_finished(assembler, response.headers.get("content-type", ""))
+        check_finished(assembler, response.headers.get("content-type", ""))
         result = assembler.response(messages, attempts=attempt)
         result.model = result.model or self.model
         return result
@@ -290,7 +299,7 @@ class LLMClient:
 
     def _error(self, exc: openai.APIError) -> LLMError:
         """The ``LLMError`` for a failure before the stream started, with the operator's detail."""
-        if isinstance(exc, openai.APITimeoutError) and not _refused(exc):
+        if isinstance(exc, openai.APITimeoutError) and not refused(exc):
             return LLMError("The language model request timed out.", kind="timeout", retryable=True)
         if isinstance(exc, openai.APIConnectionError):  # a timeout is one too, after the check above
             return LLMError("Could not reach the language model service.", kind="connection", retryable=True)
@@ -336,39 +345,6 @@ class LLMClient:
         if not isinstance(message, str) or not message.strip():
             return ""
         return redact(message.strip(), self._secret)[:_MAX_DETAIL_CHARS]
-
-
-def _refused(exc: BaseException) -> bool:
-    """A "timeout" that is really a failed connect: the aiohttp transport reports every
-    connection error as a connect timeout; the cause chain still holds the OS error."""
-    seen: BaseException | None = exc.__cause__ or exc.__context__
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, OSError) and not isinstance(seen, TimeoutError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
-def _check_finished(assembler: StreamAssembler, content_type: str) -> None:
-    """Raise unless the stream was a whole answer: a finish reason, and something in it."""
-    if assembler.finish_reason is None:
-        if not assembler.answered:
-            raise LLMError(
-                f"The language model sent no answer ({assembler.chunks} events, content type "
-                f"{content_type or 'none'!r}, no finish_reason).",
-                kind="empty", retryable=True, started=assembler.started,
-            )
-        raise LLMError(
-            f"The language model stream ended without a finish_reason after {assembler.chunks} events (cut off).",
-            kind="incomplete", retryable=True, started=assembler.started,
-        )
-    if not assembler.answered and assembler.finish_reason not in ("length", "content_filter"):
-        raise LLMError(
-            f"The language model finished ({assembler.finish_reason!r}) with no text and no tool call.",
-            kind="empty", retryable=True, started=assembler.started,
-        )
 
 
 def _context_exceeded(exc: openai.APIError, detail: str) -> bool:

@@ -317,3 +317,36 @@ def in_stream_error(error: Any, response: httpx2.Response) -> openai.APIError:
     if not message or not isinstance(message, str):
         message = "An error occurred during streaming"
     return openai.APIError(message=message, request=response.request, body=error)
+
+
+def check_finished(assembler: StreamAssembler, content_type: str) -> None:
+    """Raise unless the stream was a whole answer: a finish reason, and something in it."""
+    if assembler.finish_reason is None:
+        if not assembler.answered:
+            raise LLMError(
+                f"The language model sent no answer ({assembler.chunks} events, content type "
+                f"{content_type or 'none'!r}, no finish_reason).",
+                kind="empty", retryable=True, started=assembler.started,
+            )
+        raise LLMError(
+            f"The language model stream ended without a finish_reason after {assembler.chunks} events (cut off).",
+            kind="incomplete", retryable=True, started=assembler.started,
+        )
+    if not assembler.answered and assembler.finish_reason not in ("length", "content_filter"):
+        raise LLMError(
+            f"The language model finished ({assembler.finish_reason!r}) with no text and no tool call.",
+            kind="empty", retryable=True, started=assembler.started,
+        )
+
+
+def refused(exc: BaseException) -> bool:
+    """A "timeout" that is really a failed connect: the aiohttp transport reports every
+    connection error as a connect timeout; the cause chain still holds the OS error."""
+    seen: BaseException | None = exc.__cause__ or exc.__context__
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and not isinstance(seen, TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
