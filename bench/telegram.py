@@ -54,7 +54,7 @@ from tests.fakes.telegram_context import TelegramHarness  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "telegram.json"
 SECRET = "bench_secret"
-GROUP = Target(channel="telegram", chat_id="-1001", reply_to="1", meta={"chat_type": "supergroup"})
+GROUP = Target(channel="telegram", chat_id="-1001", reply_to="1")
 
 REPLY_UNIT = (
     "## Result\n\nThe deploy went out at **nine**; error rates stayed _flat_. See [the runbook]"
