@@ -36,6 +36,7 @@ import structlog
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from agent.prompt_files import read_workspace_file
 from scheduler.fires import heartbeat_run_request, run_and_record
 from scheduler.jobs import HEARTBEAT_JOB_ID, FireTrigger, RunRecord
 from scheduler.ports import ScheduledRunner
@@ -96,6 +97,7 @@ class ActiveHours:
 
 HEARTBEAT_FILE = "HEARTBEAT.md"
 MAX_HEARTBEAT_CHARS = 16_000
+_READ_LIMIT = 4 * MAX_HEARTBEAT_CHARS  # enough to say how long a clipped file was
 
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _HEADING = re.compile(r"^#{1,6}(?:\s.*)?$")
@@ -105,15 +107,15 @@ _LIST_ITEM = re.compile(r"^(?:[-*+]|\d{1,9}[.)])\s")
 _SETEXT_UNDERLINE = re.compile(r"^(?:=+|-+)$")
 
 
-def read_heartbeat_file(workspace: Path) -> str:
-    """The text of ``<workspace>/HEARTBEAT.md``, or ``""`` when it does not exist."""
-    path = workspace / HEARTBEAT_FILE
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-    except IsADirectoryError:
-        return ""
+def read_heartbeat_file(*workspaces: Path) -> str:
+    """The first non-empty ``<dir>/HEARTBEAT.md`` in order (the chat's own directory before
+    the workspace root, like MEMORY.md), or ``""``. A file that resolves outside its directory
+    (a link a tool planted in a session directory) is not read: its text would reach the model."""
+    for workspace in workspaces:
+        found = read_workspace_file(workspace, HEARTBEAT_FILE, max_chars=_READ_LIMIT)
+        if found.text is not None:
+            return found.text
+    return ""
 
 
 def is_effectively_empty(text: str) -> bool:
@@ -157,6 +159,7 @@ class HeartbeatFires:
         runner: ScheduledRunner,
         *,
         workspace: Path,
+        checklist_dirs: Callable[[], Sequence[Path]] | None = None,
         agent_id: str,
         session_key: str,
         busy_keys: Sequence[str] = (),
@@ -168,7 +171,8 @@ class HeartbeatFires:
         self._claims = claims
         self._ledger = ledger
         self._runner = runner
-        self._workspace = workspace
+        # Where HEARTBEAT.md is looked for, first hit wins: the target chat's directory, then the root.
+        self._checklist_dirs = checklist_dirs or (lambda: (workspace,))
         self._agent_id = agent_id
         self._session_key = session_key
         self._busy_keys = (session_key, *busy_keys)
@@ -209,11 +213,11 @@ class HeartbeatFires:
         return await self._attempt(now, "run_now", request_id)
 
     async def _attempt(self, fire_time: datetime, trigger: FireTrigger, request_id: str | None) -> RunRecord:
-        if is_effectively_empty(read_heartbeat_file(self._workspace)):
+        if is_effectively_empty(read_heartbeat_file(*self._checklist_dirs())):
             return await self._skip(EMPTY_REASON, fire_time, trigger, request_id)
         if not await self._wait_until_idle(fire_time):
             return await self._skip("the target session stayed busy", fire_time, trigger, request_id)
-        checklist = read_heartbeat_file(self._workspace)  # it may have changed while waiting
+        checklist = read_heartbeat_file(*self._checklist_dirs())  # it may have changed while waiting
         if is_effectively_empty(checklist):
             return await self._skip(EMPTY_REASON, fire_time, trigger, request_id)
         target = self.settings.target
