@@ -103,3 +103,18 @@ async def test_an_http_port_in_use_exits_1_in_one_line(tmp_path: Path) -> None:
     assert code == 1, err
     assert_one_clear_line(err, str(port))
     assert_nothing_left_running(tmp_path)
+
+
+async def test_an_unreachable_bot_api_exits_1_after_a_bounded_try(tmp_path: Path) -> None:
+    closed = free_port()  # nothing listens there: every connection is refused
+    config = {
+        **base_config(tmp_path, free_port()),
+        "telegram": {"enabled": True, "token": "123456:AAunreachableTokenForTheTest_abcd",
+                     "api_base_url": f"http://127.0.0.1:{closed}/bot", "allow_from": ["42"]},
+    }
+    code, err = await botd_exits(tmp_path, config)
+    assert code == 1, err
+    assert_one_clear_line(err, "telegram.api_base_url", "network", f"127.0.0.1:{closed}")
+    assert "AAunreachableToken" not in err
+    assert err.count("telegram.connect_failed") == 2  # the attempts before giving up, logged
+    assert_nothing_left_running(tmp_path)
