@@ -14,7 +14,10 @@ Active hours are a daily window, e.g. ``09:00-22:00`` in a given IANA timezone. 
 end is exclusive, ``24:00`` is allowed as an end, and a window whose end is before its
 start crosses midnight (``22:00-06:00`` is 22:00 until 06:00 next day). Membership is
 read on the wall clock, like a cron job's ``*`` fields: both passes of a repeated hour
-count, a wall time skipped by a change never happens.
+count, a wall time skipped by a change never happens. A window with no wall time at all
+on a day (``02:00-03:00`` in Europe/Berlin on the spring-forward Sunday) is treated like
+a cron job with a fixed time in the gap: the heartbeat runs once at the jump (the first
+fire within one interval after it), so the day is not silently skipped.
 
 HEARTBEAT.md is "empty" when it holds only structure (headings, HTML comments, blank
 lines, horizontal rules, list bullets or checkboxes with nothing after them): that
@@ -27,7 +30,7 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
@@ -87,6 +90,41 @@ class ActiveHours:
         if self.start_s < self.end_s:
             return self.start_s <= second < self.end_s
         return second >= self.start_s or second < self.end_s
+
+    def admits(self, moment: datetime, period_s: float) -> bool:
+        """Whether a heartbeat fire at ``moment`` (fires ``period_s`` apart) runs: inside the
+        window, or the first fire after a jump that skipped the whole window."""
+        if self.contains(moment):
+            return True
+        local_day = moment.astimezone(self.timezone).date()
+        for day in (local_day, local_day - timedelta(days=1)):  # a window may start the day before
+            jump = self._skipped_at(day)
+            if jump is not None and jump <= moment < jump + timedelta(seconds=period_s):
+                return True
+        return False
+
+    def _skipped_at(self, day: date) -> datetime | None:
+        """The instant of the jump when the window starting on ``day`` lies wholly in a gap, else None."""
+        tz = self.timezone
+        start = datetime.combine(day, time(), tzinfo=tz) + timedelta(seconds=self.start_s)
+        length = self.end_s - self.start_s if self.start_s < self.end_s else self.end_s + _DAY_S - self.start_s
+        last = start + timedelta(seconds=length - 1)  # wall-clock arithmetic: aware + timedelta keeps tzinfo
+        before, after = start.replace(fold=0).utcoffset(), start.replace(fold=1).utcoffset()
+        if before is None or after is None or before >= after:
+            return None  # the start exists: the wall-clock rule decides
+        last_before, last_after = last.replace(fold=0).utcoffset(), last.replace(fold=1).utcoffset()
+        if last_before is None or last_after is None or last_before >= last_after or length > (after - before).total_seconds():
+            return None  # part of the window exists
+        # Between these two instants the offset changes: find the change to the second.
+        low = start.replace(fold=1).astimezone(UTC)
+        high = start.replace(fold=0).astimezone(UTC)
+        while high - low > timedelta(seconds=1):
+            middle = low + (high - low) / 2
+            if middle.astimezone(tz).utcoffset() == after:
+                high = middle
+            else:
+                low = middle
+        return high.replace(microsecond=0)
 
     def describe(self) -> str:
         def hhmm(seconds: int) -> str:
@@ -190,7 +228,8 @@ class HeartbeatFires:
         await self._claims.note_fire(self.job_id, fire_time)
         window = self.settings.window
         if window is not None and not (
-            window.contains(fire_time) and (trigger != "catch_up" or window.contains(self._clock()))
+            window.admits(fire_time, self.settings.every_s)
+            and (trigger != "catch_up" or window.admits(self._clock(), self.settings.every_s))
         ):
             log.debug("heartbeat.outside_active_hours", fire_time=iso_utc(fire_time))
             return None

@@ -288,3 +288,19 @@ async def test_the_target_chats_own_checklist_comes_before_the_roots(
     (chat_dir / "HEARTBEAT.md").symlink_to(secret)
     await hb.fire(NOON + timedelta(minutes=60))
     assert "token 123" not in runner.requests[-1].text and "- the root's item" in runner.requests[-1].text
+
+
+async def test_active_hours_lost_to_the_spring_forward_jump_still_run_once(
+    redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path
+) -> None:
+    write_checklist(tmp_path)
+    runner = RecordingRunner()
+    clock = ManualClock(datetime(2027, 3, 27, 22, 0, tzinfo=UTC))
+    hb = make(redis_client, redis_prefix, tmp_path, runner, clock,
+              active_hours="02:00-03:00", timezone="Europe/Berlin")
+    fire_time = clock.now
+    while fire_time < datetime(2027, 3, 28, 22, 0, tzinfo=UTC):  # the whole local Sunday, every 30 min
+        clock.now = fire_time
+        await hb.fire(fire_time)
+        fire_time += timedelta(minutes=30)
+    assert [r.meta["fire_time"] for r in runner.requests] == ["2027-03-28T01:00:00Z"]  # 03:00 CEST
