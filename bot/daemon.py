@@ -23,6 +23,8 @@ from channels.base import ChannelAdapter
 
 log = structlog.get_logger(__name__)
 
+MAX_SKIPPED_SHOWN = 10  # per MCP server in the replica record: it is rewritten every few seconds
+
 
 class Daemon:
     """``botd run`` (all channels, scheduler, HTTP) or ``botd chat`` (console only)."""
@@ -109,7 +111,8 @@ class Daemon:
             state["sandbox"] = self.app.tool_settings.sandbox.describe()
             # Errors can quote a server's URL or stderr: what reaches the store is redacted like a log.
             state["mcp"] = [
-                {**server.as_dict(), "last_error": redact_text(server.last_error) if server.last_error else None}
+                {**server.as_dict(), "last_error": redact_text(server.last_error) if server.last_error else None,
+                 "skipped_tools": list(server.skipped_tools[:MAX_SKIPPED_SHOWN])}
                 for server in self.app.mcp.snapshot()
             ]
         return state

@@ -39,6 +39,8 @@ def describe_host_sandbox(cfg: BotdConfig) -> str:
         return _probe(cfg).describe()
     except SandboxUnavailable as exc:
         return f"OFF: security.sandbox is bwrap but bubblewrap cannot run here ({exc}); botd run would refuse to start"
+    except OSError as exc:
+        return f"unknown: the sandbox could not be probed ({exc})"
 
 
 def build_sandbox(cfg: BotdConfig) -> Sandbox:

@@ -71,6 +71,10 @@ async def collect(cfg: BotdConfig) -> dict[str, Any]:
         "sandbox": sandbox_state(cfg),
         "mcp": mcp_config(cfg),
     }
+    from bot.sandboxing import describe_host_sandbox
+
+    # Probed alongside the store visit (it starts bubblewrap once); used only if no daemon reports its own.
+    host_sandbox = asyncio.create_task(asyncio.to_thread(describe_host_sandbox, cfg))
     try:
         async with asyncio.timeout(BUDGET_S):
             handle = await open_redis(cfg.redis, cfg.workspace, open_timeout_s=BUDGET_S)
@@ -83,11 +87,10 @@ async def collect(cfg: BotdConfig) -> dict[str, Any]:
         report["store"]["error"] = f"the store did not answer within {BUDGET_S:g} s"
     except (StoreError, OSError) as exc:
         report["store"]["error"] = str(exc)
+    sandbox = await host_sandbox
     if not report.get("daemons"):
         # Nothing reports its own sandbox: say what a daemon started here would get.
-        from bot.sandboxing import describe_host_sandbox
-
-        report["sandbox"]["state"] = describe_host_sandbox(cfg)
+        report["sandbox"]["state"] = sandbox
         for server in report["mcp"]:
             server["state"] = "not running" if server["enabled"] else "disabled"
     return report

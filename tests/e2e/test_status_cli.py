@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from agent.tools.sandbox import Sandbox, probe_bwrap
 from bot import __version__
 from tests.e2e.botd_process import botd_run, free_port, write_config
 from tests.e2e.cli_rig import TELEGRAM_TOKEN, assert_no_traceback, botd
@@ -18,6 +19,9 @@ from tests.fakes.openai_server import FakeOpenAI
 from tests.fakes.telegram_server import FakeTelegram
 
 pytestmark = pytest.mark.e2e
+
+# What security.sandbox auto gives on this machine (CI installs bubblewrap).
+HOST_SANDBOX = "bubblewrap (no network)" if probe_bwrap() is None else Sandbox.from_mode("auto").describe()
 
 
 def config(tmp_path: Path, llm: FakeOpenAI, tg: FakeTelegram, redis_url: str, prefix: str) -> dict[str, Any]:
@@ -45,11 +49,11 @@ async def test_status_with_nothing_running(tmp_path: Path) -> None:
     assert "telegram: disabled" in result.out and "slack: disabled" in result.out
     assert "sessions: 0" in result.out and "next cron fires: none" in result.out
     assert "Traceback" not in result.text and not result.err  # no log lines either
-    assert "sandbox: bubblewrap (no network) (security.sandbox auto, probed on this host)" in result.out
+    assert f"sandbox: {HOST_SANDBOX} (security.sandbox auto, probed on this host)" in result.out
     assert "mcp servers: none configured" in result.out
     report = json.loads((await botd("status", "--json", cwd=tmp_path)).out)
     assert report["daemons"] == [] and report["store"]["ok"] is True and report["version"] == __version__
-    assert report["sandbox"]["state"] == "bubblewrap (no network)" and report["mcp"] == []
+    assert report["sandbox"]["state"] == HOST_SANDBOX and report["mcp"] == []
 
 
 async def test_status_without_a_daemon_shows_this_hosts_sandbox_and_mcp_servers_not_running(
@@ -110,7 +114,7 @@ async def test_status_sees_a_running_daemon_its_channel_sandbox_mcp_and_cron_fir
                 await asyncio.sleep(0.2)
             (replica,) = report["daemons"]
             assert replica["channels"] == {"telegram": True} and replica["http_port"] == cfg["http"]["port"]
-            assert replica["sandbox"] == "bubblewrap (no network)"
+            assert replica["sandbox"] == HOST_SANDBOX
             servers = {s["name"]: s for s in replica["mcp"]}
             assert servers["fake"]["state"] == "ready" and servers["fake"]["tools"] > 0
             assert servers["fake"]["last_error"] is None
@@ -121,7 +125,7 @@ async def test_status_sees_a_running_daemon_its_channel_sandbox_mcp_and_cron_fir
             text = await botd("status", "--config", str(path), cwd=tmp_path)
             assert "daemons: 1 running" in text.out and "telegram: enabled, polling" in text.out
             assert "ready on 1 of 1 daemon(s)" in text.out and "hourly" in text.out
-            assert "    sandbox: bubblewrap (no network)" in text.out
+            assert f"    sandbox: {HOST_SANDBOX}" in text.out
             assert f"    mcp fake: ready, {servers['fake']['tools']} tools" in text.out
             assert "    mcp broken: " in text.out and "last error: could not start" in text.out
             _, metrics = await daemon.get("/metrics")
