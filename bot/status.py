@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import sys
 import time
@@ -168,15 +169,27 @@ def render(cfg: BotdConfig, report: dict[str, Any], now: float | None = None) ->
 
 def _daemon_details(daemon: dict[str, Any]) -> list[str]:
     """The sandbox a daemon built and its MCP servers, as it last reported them."""
-    lines = [f"    sandbox: {daemon.get('sandbox') or 'not reported'}"]
-    for server in daemon.get("mcp") or []:
-        text = f"    mcp {server.get('name')}: {server.get('state')}, {server.get('tools', 0)} tools"
+    lines = [f"    sandbox: {_shown(daemon.get('sandbox') or 'not reported')}"]
+    servers = daemon.get("mcp")
+    for server in servers if isinstance(servers, list) else []:
+        if not isinstance(server, dict):
+            continue
+        text = f"    mcp {_shown(server.get('name'))}: {_shown(server.get('state'))}, {_shown(server.get('tools', 0))} tools"
         if server.get("restarts"):
-            text += f", {server['restarts']} restarts"
+            text += f", {_shown(server['restarts'])} restarts"
         if server.get("last_error"):
-            text += f", last error: {server['last_error']}"
+            text += f", last error: {_shown(server['last_error'])}"
         lines.append(text)
     return lines
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def _shown(value: object, limit: int = 400) -> str:
+    """Text from the store (an MCP server's error quotes its stderr) as one line without
+    terminal control sequences."""
+    return _CONTROL.sub(" ", str(value))[:limit]
 
 
 def _host_details(report: dict[str, Any], daemons: list[dict[str, Any]]) -> list[str]:
