@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
-from telegram.error import InvalidToken, TelegramError
+from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from agent.types import RunRequest, TelegramChat
@@ -49,6 +49,9 @@ ALLOWED_UPDATES = ("message", "callback_query")
 APPROVAL_ID = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 _COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 APPROVAL_SUMMARY_LIMIT = 3000
+# Start-up failures worth another try: no (usable) answer. BadRequest is a NetworkError in
+# python-telegram-bot but an answer all the same, and is never retried.
+_UNREACHABLE = (NetworkError, RetryAfter, OSError, TimeoutError)
 
 
 class TelegramStartError(ChannelStartError):
@@ -121,7 +124,10 @@ class TelegramChannel:
                 "check that telegram.api_base_url points at a Telegram Bot API",
                 exit_code=1,
             ) from None
-        except (TelegramError, OSError, TimeoutError) as exc:
+        except BadRequest as exc:
+            await self._close_bot()
+            raise self._refused(exc) from None
+        except _UNREACHABLE as exc:
             await self._close_bot()
             if isinstance(exc, TimeoutError):
                 cause = f"no answer within {self.settings.start_timeout_s:g} s"
@@ -133,6 +139,17 @@ class TelegramChannel:
                 "(proxy, firewall, DNS) or telegram.api_base_url",
                 exit_code=1,
             ) from None
+        except TelegramError as exc:
+            await self._close_bot()
+            raise self._refused(exc) from None
+
+    def _refused(self, exc: TelegramError) -> TelegramStartError:
+        """The Bot API answered but refused a start-up call (a bad webhook URL, say)."""
+        key = "telegram.webhook_url" if self.settings.mode == "webhook" else "telegram.api_base_url"
+        return TelegramStartError(
+            f"the Bot API at {self._api_base()} refused start-up ({scrub(str(exc))}); check {key}",
+            exit_code=2 if isinstance(exc, BadRequest) else 1,
+        )
 
     def _api_base(self) -> str:
         return (self.settings.api_base_url or "https://api.telegram.org/bot").rstrip("/")
@@ -145,10 +162,8 @@ class TelegramChannel:
                 try:
                     await self._bring_up()
                     return
-                except InvalidToken:
-                    raise
-                except (TelegramError, OSError) as exc:
-                    if attempt == self.settings.start_attempts:
+                except _UNREACHABLE as exc:
+                    if isinstance(exc, BadRequest) or attempt == self.settings.start_attempts:
                         raise
                     log.warning("telegram.connect_failed", error=scrub(str(exc)), attempt=attempt, retry_in_s=delay)
                 await asyncio.sleep(delay)
