@@ -157,7 +157,12 @@ def user_section(spec: PromptSpec) -> str:
         who = f"You are talking with {name or 'user id ' + user_id}."
     else:
         who = "The user is not identified."
-    return _section("User", who + " The name is set by the user and is not proof of identity.")
+    body = who + " The name is set by the user and is not proof of identity."
+    # USER.md: notes about this user or chat, in the session's own directory (seeded from the root).
+    profile = read_workspace_file(spec.session_workspace or spec.workspace, "USER.md")
+    if profile.present:
+        body += f"\n\nUSER.md, your notes about this user or chat (keep it current with the file tools):\n{fenced(profile)}"
+    return _section("User", body)
 
 
 def _local_time(spec: PromptSpec) -> datetime:

@@ -178,6 +178,7 @@ class App:
         self.pairing = PairingStore(client, keys)
         notices = ApprovalNotices(client, keys, self.channels)
         self.broadcast.on(keys.pairing_events(), notices.on_event)
+        self.workspaces = SessionWorkspaces(self.tool_settings, cfg.agent.workspace_scope)
         self.compactor = SessionCompactor(self.sessions, client, prefix, self.model, self.tool_settings, cfg)
         self.executor = RunExecutor(
             RunDeps(
@@ -185,7 +186,7 @@ class App:
                 tool_settings=self.tool_settings, channels=self.channels, ledger=self.ledger,
                 approvals=self.approvals, traces=self.traces, compactor=self.compactor,
                 redelivery=self.redelivery,
-                workspaces=SessionWorkspaces(self.tool_settings, cfg.agent.workspace_scope),
+                workspaces=self.workspaces,
             )
         )
         self.control = ControlCommands(
@@ -200,12 +201,15 @@ class App:
         self.gateway = Gateway(
             cfg, client, self.executor, self.channels, self.broadcast, self.ledger, self.control, lock_factory
         )
+        heartbeat = HeartbeatSettings.from_config(cfg.heartbeat)
+        target = heartbeat.target
         self.scheduler = SchedulerService(
             client, keys, GatewayScheduledRunner(self.gateway, self.channels),
             signals=self.broadcast,
-            heartbeat=HeartbeatSettings.from_config(cfg.heartbeat),
+            heartbeat=heartbeat,
             settings=SchedulerSettings.from_config(cfg.scheduler),
             workspace=cfg.workspace,
+            heartbeat_dirs=(lambda: self.workspaces.lookup_dirs(target.channel, target.chat_id)) if target else None,
             session_key_for_job=partial(cron_session_key, cfg.agent.id),
             heartbeat_session_key=heartbeat_session_key(cfg.agent.id),
             agent_id=cfg.agent.id,

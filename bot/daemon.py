@@ -15,12 +15,15 @@ from bot import __version__, metrics
 from bot.app import App, build_channels, build_model, check_config
 from bot.config import BotdConfig
 from bot.http_server import HttpServer
+from bot.logs import redact_text
 from bot.loop_lag import LoopLagMonitor
 from bot.replicas import ReplicaBeacon
 from bot.store.connection import RedisHandle, open_redis
 from channels.base import ChannelAdapter
 
 log = structlog.get_logger(__name__)
+
+MAX_SKIPPED_SHOWN = 10  # per MCP server in the replica record: it is rewritten every few seconds
 
 
 class Daemon:
@@ -103,7 +106,16 @@ class Daemon:
         """What this replica reports with each beat (bot.replicas)."""
         channels = {channel.name: channel.is_ready() for channel in self._started_channels}
         active = metrics.REGISTRY.get_sample_value("botd_active_runs") or 0
-        return {"channels": channels, "active_runs": int(active)}
+        state: dict[str, object] = {"channels": channels, "active_runs": int(active)}
+        if self.app is not None:
+            state["sandbox"] = self.app.tool_settings.sandbox.describe()
+            # Errors can quote a server's URL or stderr: what reaches the store is redacted like a log.
+            state["mcp"] = [
+                {**server.as_dict(), "last_error": redact_text(server.last_error) if server.last_error else None,
+                 "skipped_tools": list(server.skipped_tools[:MAX_SKIPPED_SHOWN])}
+                for server in self.app.mcp.snapshot()
+            ]
+        return state
 
     def request_stop(self) -> None:
         self._stop.set()

@@ -27,12 +27,26 @@ def hidden_paths(cfg: BotdConfig) -> list[Path]:
     return paths
 
 
-def build_sandbox(cfg: BotdConfig) -> Sandbox:
-    """Probe and build; ``bwrap`` that cannot run is a config error, ``auto`` falls back loudly."""
+def _probe(cfg: BotdConfig) -> Sandbox:
     sec = cfg.security
     limits = ToolLimits(**sec.tool_limits.model_dump())
+    return Sandbox.from_mode(sec.sandbox, network=sec.sandbox_network, limits=limits, hidden=hidden_paths(cfg))
+
+
+def describe_host_sandbox(cfg: BotdConfig) -> str:
+    """What a daemon started here with this config would run tools in; quiet (no log, no metric)."""
     try:
-        sandbox = Sandbox.from_mode(sec.sandbox, network=sec.sandbox_network, limits=limits, hidden=hidden_paths(cfg))
+        return _probe(cfg).describe()
+    except SandboxUnavailable as exc:
+        return f"OFF: security.sandbox is bwrap but bubblewrap cannot run here ({exc}); botd run would refuse to start"
+    except OSError as exc:
+        return f"unknown: the sandbox could not be probed ({exc})"
+
+
+def build_sandbox(cfg: BotdConfig) -> Sandbox:
+    """Probe and build; ``bwrap`` that cannot run is a config error, ``auto`` falls back loudly."""
+    try:
+        sandbox = _probe(cfg)
     except SandboxUnavailable as exc:
         raise ConfigError(
             f"config error: security.sandbox: bwrap cannot run here ({exc}); install bubblewrap "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import sys
 import time
@@ -49,12 +50,15 @@ def channel_config(cfg: BotdConfig) -> dict[str, dict[str, Any]]:
 
 
 def sandbox_state(cfg: BotdConfig) -> dict[str, Any]:
-    # security.sandbox exists only in builds with the tool sandbox; older configs lack the key.
-    mode = getattr(cfg.security, "sandbox", None)
-    bwrap = shutil.which("bwrap") is not None
-    if mode is None:
-        return {"mode": "none", "bwrap": bwrap, "note": "tools run with botd's user rights"}
-    return {"mode": str(mode), "bwrap": bwrap}
+    """The configured mode; each running daemon reports the sandbox it actually built."""
+    return {"mode": cfg.security.sandbox, "network": cfg.security.sandbox_network,
+            "bwrap": shutil.which("bwrap") is not None}
+
+
+def mcp_config(cfg: BotdConfig) -> list[dict[str, Any]]:
+    """Every configured MCP server, enabled or not (no ``${VAR}`` is resolved here)."""
+    return [{"name": name, "transport": "stdio" if server.command is not None else server.transport,
+             "enabled": server.enabled} for name, server in cfg.mcp.servers.items()]
 
 
 async def collect(cfg: BotdConfig) -> dict[str, Any]:
@@ -66,7 +70,12 @@ async def collect(cfg: BotdConfig) -> dict[str, Any]:
                   "prefix": cfg.redis.prefix, "workspace": str(cfg.workspace), "ok": False},
         "channels": channel_config(cfg),
         "sandbox": sandbox_state(cfg),
+        "mcp": mcp_config(cfg),
     }
+    from bot.sandboxing import describe_host_sandbox
+
+    # Probed alongside the store visit (it starts bubblewrap once); used only if no daemon reports its own.
+    host_sandbox = asyncio.create_task(asyncio.to_thread(describe_host_sandbox, cfg))
     try:
         async with asyncio.timeout(BUDGET_S):
             handle = await open_redis(cfg.redis, cfg.workspace, open_timeout_s=BUDGET_S)
@@ -79,6 +88,12 @@ async def collect(cfg: BotdConfig) -> dict[str, Any]:
         report["store"]["error"] = f"the store did not answer within {BUDGET_S:g} s"
     except (StoreError, OSError) as exc:
         report["store"]["error"] = str(exc)
+    sandbox = await host_sandbox
+    if not report.get("daemons"):
+        # Nothing reports its own sandbox: say what a daemon started here would get.
+        report["sandbox"]["state"] = sandbox
+        for server in report["mcp"]:
+            server["state"] = "not running" if server["enabled"] else "disabled"
     return report
 
 
@@ -128,6 +143,7 @@ def render(cfg: BotdConfig, report: dict[str, Any], now: float | None = None) ->
         lines.append(f"  {d.get('replica')}  botd {d.get('mode', 'run')} {d.get('version', '?')}, up {up}{port}, "
                      f"channels: {chans or 'none'}, active runs {d.get('active_runs', 0)}, "
                      f"seen {_ago(now - float(d.get('seen_at', now)))} ago")
+        lines.extend(_daemon_details(d))
     lines.append("channels:")
     for name, c in report["channels"].items():
         if not c["enabled"]:
@@ -147,10 +163,50 @@ def render(cfg: BotdConfig, report: dict[str, Any], now: float | None = None) ->
                              f"{t['channel']}:{t['chat_id']}")
         else:
             lines.append(f"next cron fires: none ({report['cron_jobs']} jobs)")
-    sb = report["sandbox"]
-    note = f" ({sb['note']})" if sb.get("note") else ""
-    lines.append(f"sandbox: {sb['mode']}{note}; bubblewrap {'installed' if sb['bwrap'] else 'not installed'}")
+    lines.extend(_host_details(report, daemons))
     return "\n".join(lines)
+
+
+def _daemon_details(daemon: dict[str, Any]) -> list[str]:
+    """The sandbox a daemon built and its MCP servers, as it last reported them."""
+    lines = [f"    sandbox: {_shown(daemon.get('sandbox') or 'not reported')}"]
+    servers = daemon.get("mcp")
+    for server in servers if isinstance(servers, list) else []:
+        if not isinstance(server, dict):
+            continue
+        text = f"    mcp {_shown(server.get('name'))}: {_shown(server.get('state'))}, {_shown(server.get('tools', 0))} tools"
+        if server.get("restarts"):
+            text += f", {_shown(server['restarts'])} restarts"
+        if server.get("last_error"):
+            text += f", last error: {_shown(server['last_error'])}"
+        lines.append(text)
+    return lines
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]+")
+
+
+def _shown(value: object, limit: int = 400) -> str:
+    """Text from the store (an MCP server's error quotes its stderr) as one line without
+    terminal control sequences."""
+    return _CONTROL.sub(" ", str(value))[:limit]
+
+
+def _host_details(report: dict[str, Any], daemons: list[dict[str, Any]]) -> list[str]:
+    sb = report["sandbox"]
+    bwrap = f"bubblewrap {'installed' if sb['bwrap'] else 'not installed'}"
+    if daemons:
+        lines = [f"sandbox: security.sandbox {sb['mode']} (each daemon's state above); {bwrap}"]
+    else:
+        lines = [f"sandbox: {sb.get('state')} (security.sandbox {sb['mode']}, probed on this host); {bwrap}"]
+    servers = report.get("mcp") or []
+    if not servers:
+        return [*lines, "mcp servers: none configured"]
+    lines.append("mcp servers:")
+    for server in servers:
+        state = server.get("state") or ("disabled" if not server["enabled"] else "per daemon above")
+        lines.append(f"  {server['name']}: {server['transport']}, {state}")
+    return lines
 
 
 def _ago(seconds: float) -> str:

@@ -15,10 +15,12 @@ another session's directory.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
-import shutil
+import stat
+import tempfile
 from collections import OrderedDict
 from pathlib import Path
 from typing import Literal
@@ -30,6 +32,7 @@ USERS_DIR = "users"
 CHATS_DIR = "chats"
 # Copied from the workspace root into a new session directory when present there.
 SEED_FILES = ("USER.md",)
+MAX_SEED_BYTES = 1_048_576
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
 _CACHE_SIZE = 1024
 
@@ -47,8 +50,13 @@ def session_directory(root: Path, req: RunRequest) -> Path:
         if scope == "dm":
             return root / USERS_DIR / directory_name(req.channel, req.user_id or req.chat_id)
         return root / CHATS_DIR / directory_name(req.channel, req.chat_id)
-    as_user = root / USERS_DIR / directory_name(req.channel, req.chat_id)
-    return as_user if as_user.is_dir() else root / CHATS_DIR / directory_name(req.channel, req.chat_id)
+    return delivery_directory(root, req.channel, req.chat_id)
+
+
+def delivery_directory(root: Path, channel: str, chat_id: str) -> Path:
+    """The directory of the chat a scheduled run delivers to: the user's when one exists (a DM)."""
+    as_user = root / USERS_DIR / directory_name(channel, chat_id)
+    return as_user if as_user.is_dir() else root / CHATS_DIR / directory_name(channel, chat_id)
 
 
 class SessionWorkspaces:
@@ -82,13 +90,45 @@ class SessionWorkspaces:
             self._cache.popitem(last=False)
         return settings
 
+    def lookup_dirs(self, channel: str, chat_id: str) -> tuple[Path, ...]:
+        """Where a file such as HEARTBEAT.md is looked for on behalf of a chat: its directory, then the root."""
+        if self.scope == "shared":
+            return (self.root,)
+        return (delivery_directory(self.root, channel, chat_id), self.root)
+
     def _prepare(self, directory: Path) -> None:
-        """Create and seed the directory (idempotent: an existing file is never overwritten)."""
+        """Create and seed the directory; safe to repeat (after a restart, on another replica)."""
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         for name in SEED_FILES:
-            source, target = self.root / name, directory / name
-            if source.is_file() and not source.is_symlink() and not target.exists():
-                shutil.copyfile(source, target)
+            _seed(self.root / name, directory / name)
+
+
+def _seed(source: Path, target: Path) -> None:
+    """Copy ``source`` to ``target`` unless ``target`` exists in any form.
+
+    The session directory is the tools' to write: a link planted at ``target`` must not
+    make the daemon write elsewhere, and an existing file (the user's own edits) is never
+    replaced. The copy appears whole or not at all (written aside, then hard-linked into
+    place, which refuses an existing name without following it).
+    """
+    try:
+        fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # missing, or a link: the root's seed is not followed anywhere
+    with os.fdopen(fd, "rb") as src:
+        if not stat.S_ISREG(os.fstat(src.fileno()).st_mode):
+            return
+        data = src.read(MAX_SEED_BYTES)
+    if os.path.lexists(target):
+        return
+    fd, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".seed")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, target, follow_symlinks=False)
+    finally:
+        os.unlink(temporary)
 
 
 def _within(path: Path, root: Path) -> bool:

@@ -14,7 +14,10 @@ Active hours are a daily window, e.g. ``09:00-22:00`` in a given IANA timezone. 
 end is exclusive, ``24:00`` is allowed as an end, and a window whose end is before its
 start crosses midnight (``22:00-06:00`` is 22:00 until 06:00 next day). Membership is
 read on the wall clock, like a cron job's ``*`` fields: both passes of a repeated hour
-count, a wall time skipped by a change never happens.
+count, a wall time skipped by a change never happens. A window with no wall time at all
+on a day (``02:00-03:00`` in Europe/Berlin on the spring-forward Sunday) is treated like
+a cron job with a fixed time in the gap: the heartbeat runs once at the jump (the first
+fire within one interval after it), so the day is not silently skipped.
 
 HEARTBEAT.md is "empty" when it holds only structure (headings, HTML comments, blank
 lines, horizontal rules, list bullets or checkboxes with nothing after them): that
@@ -27,7 +30,7 @@ import asyncio
 import re
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
@@ -36,6 +39,7 @@ import structlog
 from apscheduler.triggers.base import BaseTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 
+from agent.prompt_files import read_workspace_file
 from scheduler.fires import heartbeat_run_request, run_and_record
 from scheduler.jobs import HEARTBEAT_JOB_ID, FireTrigger, RunRecord
 from scheduler.ports import ScheduledRunner
@@ -87,6 +91,41 @@ class ActiveHours:
             return self.start_s <= second < self.end_s
         return second >= self.start_s or second < self.end_s
 
+    def admits(self, moment: datetime, period_s: float) -> bool:
+        """Whether a heartbeat fire at ``moment`` (fires ``period_s`` apart) runs: inside the
+        window, or the first fire after a jump that skipped the whole window."""
+        if self.contains(moment):
+            return True
+        local_day = moment.astimezone(self.timezone).date()
+        for day in (local_day, local_day - timedelta(days=1)):  # a window may start the day before
+            jump = self._skipped_at(day)
+            if jump is not None and jump <= moment < jump + timedelta(seconds=period_s):
+                return True
+        return False
+
+    def _skipped_at(self, day: date) -> datetime | None:
+        """The instant of the jump when the window starting on ``day`` lies wholly in a gap, else None."""
+        tz = self.timezone
+        start = datetime.combine(day, time(), tzinfo=tz) + timedelta(seconds=self.start_s)
+        length = self.end_s - self.start_s if self.start_s < self.end_s else self.end_s + _DAY_S - self.start_s
+        last = start + timedelta(seconds=length - 1)  # wall-clock arithmetic: aware + timedelta keeps tzinfo
+        before, after = start.replace(fold=0).utcoffset(), start.replace(fold=1).utcoffset()
+        if before is None or after is None or before >= after:
+            return None  # the start exists: the wall-clock rule decides
+        last_before, last_after = last.replace(fold=0).utcoffset(), last.replace(fold=1).utcoffset()
+        if last_before is None or last_after is None or last_before >= last_after or length > (after - before).total_seconds():
+            return None  # part of the window exists
+        # Between these two instants the offset changes: find the change to the second.
+        low = start.replace(fold=1).astimezone(UTC)
+        high = start.replace(fold=0).astimezone(UTC)
+        while high - low > timedelta(seconds=1):
+            middle = low + (high - low) / 2
+            if middle.astimezone(tz).utcoffset() == after:
+                high = middle
+            else:
+                low = middle
+        return high.replace(microsecond=0)
+
     def describe(self) -> str:
         def hhmm(seconds: int) -> str:
             return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}"
@@ -96,6 +135,7 @@ class ActiveHours:
 
 HEARTBEAT_FILE = "HEARTBEAT.md"
 MAX_HEARTBEAT_CHARS = 16_000
+_READ_LIMIT = 4 * MAX_HEARTBEAT_CHARS  # enough to say how long a clipped file was
 
 _COMMENT = re.compile(r"<!--.*?(?:-->|\Z)", re.DOTALL)
 _HEADING = re.compile(r"^#{1,6}(?:\s.*)?$")
@@ -105,15 +145,15 @@ _LIST_ITEM = re.compile(r"^(?:[-*+]|\d{1,9}[.)])\s")
 _SETEXT_UNDERLINE = re.compile(r"^(?:=+|-+)$")
 
 
-def read_heartbeat_file(workspace: Path) -> str:
-    """The text of ``<workspace>/HEARTBEAT.md``, or ``""`` when it does not exist."""
-    path = workspace / HEARTBEAT_FILE
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return ""
-    except IsADirectoryError:
-        return ""
+def read_heartbeat_file(*workspaces: Path) -> str:
+    """The first non-empty ``<dir>/HEARTBEAT.md`` in order (the chat's own directory before
+    the workspace root, like MEMORY.md), or ``""``. A file that resolves outside its directory
+    (a link a tool planted in a session directory) is not read: its text would reach the model."""
+    for workspace in workspaces:
+        found = read_workspace_file(workspace, HEARTBEAT_FILE, max_chars=_READ_LIMIT)
+        if found.text is not None:
+            return found.text
+    return ""
 
 
 def is_effectively_empty(text: str) -> bool:
@@ -157,6 +197,7 @@ class HeartbeatFires:
         runner: ScheduledRunner,
         *,
         workspace: Path,
+        checklist_dirs: Callable[[], Sequence[Path]] | None = None,
         agent_id: str,
         session_key: str,
         busy_keys: Sequence[str] = (),
@@ -168,7 +209,8 @@ class HeartbeatFires:
         self._claims = claims
         self._ledger = ledger
         self._runner = runner
-        self._workspace = workspace
+        # Where HEARTBEAT.md is looked for, first hit wins: the target chat's directory, then the root.
+        self._checklist_dirs = checklist_dirs or (lambda: (workspace,))
         self._agent_id = agent_id
         self._session_key = session_key
         self._busy_keys = (session_key, *busy_keys)
@@ -186,7 +228,8 @@ class HeartbeatFires:
         await self._claims.note_fire(self.job_id, fire_time)
         window = self.settings.window
         if window is not None and not (
-            window.contains(fire_time) and (trigger != "catch_up" or window.contains(self._clock()))
+            window.admits(fire_time, self.settings.every_s)
+            and (trigger != "catch_up" or window.admits(self._clock(), self.settings.every_s))
         ):
             log.debug("heartbeat.outside_active_hours", fire_time=iso_utc(fire_time))
             return None
@@ -209,11 +252,11 @@ class HeartbeatFires:
         return await self._attempt(now, "run_now", request_id)
 
     async def _attempt(self, fire_time: datetime, trigger: FireTrigger, request_id: str | None) -> RunRecord:
-        if is_effectively_empty(read_heartbeat_file(self._workspace)):
+        if is_effectively_empty(read_heartbeat_file(*self._checklist_dirs())):
             return await self._skip(EMPTY_REASON, fire_time, trigger, request_id)
         if not await self._wait_until_idle(fire_time):
             return await self._skip("the target session stayed busy", fire_time, trigger, request_id)
-        checklist = read_heartbeat_file(self._workspace)  # it may have changed while waiting
+        checklist = read_heartbeat_file(*self._checklist_dirs())  # it may have changed while waiting
         if is_effectively_empty(checklist):
             return await self._skip(EMPTY_REASON, fire_time, trigger, request_id)
         target = self.settings.target

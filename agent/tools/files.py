@@ -16,6 +16,7 @@ import asyncio
 import codecs
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ class ReadFileTool(Tool):
     }
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
-        path = PathGuard.from_settings(ctx.settings).resolve(args["path"])
+        path = PathGuard.from_settings(ctx.settings).resolve_for_reading(args["path"])
         offset, limit = int(args.get("offset", 1)), args.get("limit")
         text = await asyncio.to_thread(
             _read_text,
@@ -204,15 +205,18 @@ class ListDirectoryTool(Tool):
 
     async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
         shown = args.get("path", ".")
-        path = PathGuard.from_settings(ctx.settings).resolve(shown)
-        listing = await asyncio.to_thread(_list, path, shown, ctx.settings.max_output_bytes)
+        guard = PathGuard.from_settings(ctx.settings)
+        path = guard.resolve_for_reading(shown)
+        listing = await asyncio.to_thread(_list, path, shown, ctx.settings.max_output_bytes, guard.visible)
         return ToolOutput(listing)
 
 
-def _list(path: Path, shown: str, budget: int) -> str:
+def _list(path: Path, shown: str, budget: int, visible: Callable[[Path], bool]) -> str:
     try:
         with open_directory(path, shown) as fd:
-            items = sorted(((e.name, _describe(e, fd)) for e in os.scandir(fd)), key=lambda item: item[0])
+            # Entries the guard would refuse (botd's files, other sessions' directories) are left out.
+            items = sorted(((e.name, _describe(e, fd)) for e in os.scandir(fd) if visible(path / e.name)),
+                           key=lambda item: item[0])
     except NotADirectoryError:
         raise ToolError(f"Error: {shown!r} is a file, not a directory; use read_file.") from None
     except FileNotFoundError:

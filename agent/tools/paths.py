@@ -42,18 +42,54 @@ def _within(path: Path, roots: Iterable[Path]) -> Path | None:
 class PathGuard:
     """Resolves model-supplied paths and refuses those outside the allowed roots."""
 
-    def __init__(self, workspace: Path, allowed: Iterable[Path] = (), denied: Iterable[Path] = ()) -> None:
+    def __init__(
+        self, workspace: Path, allowed: Iterable[Path] = (), denied: Iterable[Path] = (),
+        *, readable: Iterable[Path] = (), hidden: Iterable[Path] = (),
+    ) -> None:
+        """``readable`` roots may be read (never written) except inside ``hidden`` ones, where only
+        an allowed root nested deeper counts (a session's directory inside the masked ``users/``)."""
         self.workspace = Path(os.path.abspath(os.path.expanduser(str(workspace))))
         allowed = list(allowed) or [self.workspace]  # nothing configured: the workspace only
         self.allowed = sorted({form for root in allowed for form in _forms(root)})
         self.denied = sorted({form for root in denied for form in _forms(root)})
+        self.readable = sorted({form for root in readable for form in _forms(root)})
+        self.hidden = sorted({form for root in hidden for form in _forms(root)})
 
     @classmethod
     def from_settings(cls, settings: ToolSettings) -> PathGuard:
         return settings.path_guard
 
     def resolve(self, raw: str) -> Path:
-        """The absolute, symlink-free path for ``raw``; raises ``PathDeniedError`` when not allowed."""
+        """The absolute, symlink-free path for ``raw`` to write (or read) under the allowed roots;
+        raises ``PathDeniedError`` when not allowed."""
+        resolved, lexical = self._forms_of(raw)
+        for form in (resolved, lexical):
+            if _within(form, self.allowed) is None:
+                raise PathDeniedError(self._outside(raw, form))
+        return resolved
+
+    def resolve_for_reading(self, raw: str) -> Path:
+        """As ``resolve``, but the read-only roots count too (minus the hidden paths inside them)."""
+        resolved, lexical = self._forms_of(raw)
+        for form in (resolved, lexical):
+            if _within(form, self.allowed) is not None:
+                continue
+            if _within(form, self.readable) is None:
+                raise PathDeniedError(self._outside(raw, form))
+            hidden_root = _within(form, self.hidden)
+            if hidden_root is not None:
+                raise PathDeniedError(f"Error: {raw!r} is not visible here ({hidden_root} belongs to other sessions).")
+        return resolved
+
+    def visible(self, entry: Path) -> bool:
+        """Whether an entry of a listed directory is shown: judged by its own name, a link not
+        followed (its target is shown, and reading through it is judged on its own)."""
+        if _within(entry, self.denied) is not None:
+            return False
+        return _within(entry, self.allowed) is not None or _within(entry, self.hidden) is None
+
+    def _forms_of(self, raw: str) -> tuple[Path, Path]:
+        """The resolved and lexical forms of ``raw``, after the checks every access shares."""
         if not isinstance(raw, str) or not raw.strip():
             raise PathDeniedError("Error: the path is empty.")
         if "\x00" in raw:
@@ -74,13 +110,13 @@ class PathGuard:
             denied_root = _within(form, self.denied)
             if denied_root is not None:
                 raise PathDeniedError(f"Error: access to {raw!r} is denied ({denied_root} is a denied path).")
-        for form in (resolved, lexical):
-            if _within(form, self.allowed) is None:
-                roots = ", ".join(str(r) for r in self.allowed)
-                raise PathDeniedError(
-                    f"Error: {raw!r} resolves to {form}, which is outside the allowed paths ({roots})."
-                )
-        return resolved
+        return resolved, lexical
+
+    def _outside(self, raw: str, form: Path) -> str:
+        roots = ", ".join(str(r) for r in self.allowed)
+        readable = ", ".join(str(r) for r in self.readable)
+        also = f"; readable only: {readable}" if readable else ""
+        return f"Error: {raw!r} resolves to {form}, which is outside the allowed paths ({roots}{also})."
 
     def check_resolved(self, path: Path) -> Path:
         """Re-check an already resolved path (after creating directories, say)."""

@@ -57,7 +57,8 @@ class ToolSettings:
         so a link planted later at a root cannot widen it."""
         from agent.tools.paths import PathGuard
 
-        return PathGuard(self.workspace, self.allowed_paths, self.denied_paths)
+        return PathGuard(self.workspace, self.allowed_paths, self.denied_paths,
+                         readable=self.readonly_paths, hidden=self.masked_paths)
 
     def writable_paths(self) -> tuple[Path, ...]:
         """Where a tool process may write: the workspace and the allowed paths."""

@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
-from telegram.error import InvalidToken, TelegramError
+from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
 from agent.types import RunRequest, TelegramChat
@@ -49,6 +49,9 @@ ALLOWED_UPDATES = ("message", "callback_query")
 APPROVAL_ID = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 _COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 APPROVAL_SUMMARY_LIMIT = 3000
+# Start-up failures worth another try: no (usable) answer. BadRequest is a NetworkError in
+# python-telegram-bot but an answer all the same, and is never retried.
+_UNREACHABLE = (NetworkError, RetryAfter, OSError, TimeoutError)
 
 
 class TelegramStartError(ChannelStartError):
@@ -85,7 +88,6 @@ class TelegramChannel:
         self._command_names: frozenset[str] = CONTROL_COMMANDS
         self._up = False
         self._stopping = False
-        self._bring_up_task: asyncio.Task[None] | None = None
         self._redactor = TokenRedactor(settings.token)
         self.webhook = WebhookIntake(
             settings.effective_webhook_secret, self._handle_json, ready=lambda: self._up and not self._stopping
@@ -96,8 +98,10 @@ class TelegramChannel:
     async def start(self, ctx: ChannelContext) -> None:
         """Connect (getMe), sync commands, then start polling or register the webhook.
 
-        A rejected token raises :class:`TelegramStartError`; a network problem is logged
-        and retried in the background (``is_ready()`` stays False until connected).
+        A rejected token raises :class:`TelegramStartError` (exit 2). A Bot API that cannot be
+        reached is tried ``start_attempts`` times within ``start_timeout_s``, then start-up fails
+        (exit 1): a daemon that cannot talk to Telegram should not look alive. Once started,
+        an outage is the poller's to ride out.
         """
         self._ctx = ctx
         self._stopping = False
@@ -109,7 +113,7 @@ class TelegramChannel:
         if self.settings.mode == "webhook":
             ctx.add_route("POST", self.settings.webhook_path, self.webhook.handle_request)
         try:
-            await self._bring_up()
+            await self._bring_up_bounded()
         except InvalidToken:
             await self._close_bot()
             raise TelegramStartError("the Bot API rejected telegram.token; check the token") from None
@@ -120,12 +124,53 @@ class TelegramChannel:
                 "check that telegram.api_base_url points at a Telegram Bot API",
                 exit_code=1,
             ) from None
-        except (TelegramError, OSError) as exc:
-            log.warning("telegram.connect_failed", error=scrub(str(exc)), retry_in_s=self.connect_backoff_s)
-            self._bring_up_task = asyncio.create_task(self._bring_up_retrying(), name="tg-connect")
+        except BadRequest as exc:
+            await self._close_bot()
+            raise self._refused(exc) from None
+        except _UNREACHABLE as exc:
+            await self._close_bot()
+            if isinstance(exc, TimeoutError):
+                cause = f"no answer within {self.settings.start_timeout_s:g} s"
+            else:
+                # "httpx.ConnectError: All connection attempts failed": the library's name is noise here.
+                cause = re.sub(r"^httpx\.\w+: ", "", scrub(str(exc))) or type(exc).__name__
+            raise TelegramStartError(
+                f"cannot reach the Telegram Bot API at {self._api_base()} ({cause}); check the network "
+                "(proxy, firewall, DNS) or telegram.api_base_url",
+                exit_code=1,
+            ) from None
+        except TelegramError as exc:
+            await self._close_bot()
+            raise self._refused(exc) from None
+
+    def _refused(self, exc: TelegramError) -> TelegramStartError:
+        """The Bot API answered but refused a start-up call (a bad webhook URL, say)."""
+        key = "telegram.webhook_url" if self.settings.mode == "webhook" else "telegram.api_base_url"
+        return TelegramStartError(
+            f"the Bot API at {self._api_base()} refused start-up ({scrub(str(exc))}); check {key}",
+            exit_code=2 if isinstance(exc, BadRequest) else 1,
+        )
+
+    def _api_base(self) -> str:
+        return (self.settings.api_base_url or "https://api.telegram.org/bot").rstrip("/")
+
+    async def _bring_up_bounded(self) -> None:
+        """``_bring_up`` with a few attempts within ``start_timeout_s``; the last failure is raised."""
+        delay = self.connect_backoff_s
+        async with asyncio.timeout(self.settings.start_timeout_s):
+            for attempt in range(1, self.settings.start_attempts + 1):
+                try:
+                    await self._bring_up()
+                    return
+                except _UNREACHABLE as exc:
+                    if isinstance(exc, BadRequest) or attempt == self.settings.start_attempts:
+                        raise
+                    log.warning("telegram.connect_failed", error=scrub(str(exc)), attempt=attempt, retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay *= 2
 
     def _make_bot(self) -> Bot:
-        base = (self.settings.api_base_url or "https://api.telegram.org/bot").rstrip("/")
+        base = self._api_base()
         file_base = base[: -len("/bot")] + "/file/bot" if base.endswith("/bot") else base + "/file"
         return Bot(
             self.settings.token,
@@ -161,19 +206,6 @@ class TelegramChannel:
         self._up = True
         log.info("telegram.started", bot=self.me.username, mode=self.settings.mode)
 
-    async def _bring_up_retrying(self) -> None:
-        delay = self.connect_backoff_s
-        while not self._stopping:
-            await asyncio.sleep(delay)
-            try:
-                await self._bring_up()
-                return
-            except InvalidToken:
-                log.error("telegram.token_rejected")
-            except (TelegramError, OSError) as exc:
-                log.warning("telegram.connect_failed", error=scrub(str(exc)), retry_in_s=delay)
-            delay = min(delay * 2, 300.0)
-
     async def stop(self) -> None:
         """Stop intake (releasing the poller lease; the webhook answers 503).
 
@@ -182,11 +214,6 @@ class TelegramChannel:
         """
         self._stopping = True
         self._up = False
-        task, self._bring_up_task = self._bring_up_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
         if self.poller is not None:
             await self.poller.stop()
             self.poller = None

@@ -41,7 +41,11 @@ class TelegramSettings:
     typing_interval_s: float = 4.0
     send_attempts: int = 4
     send_backoff_s: float = 0.5
-    connect_backoff_s: float = 5.0
+    # Start-up: getMe is tried ``start_attempts`` times (pauses from ``connect_backoff_s``,
+    # doubling) within ``start_timeout_s``; then start-up fails. Later outages are retried forever.
+    start_attempts: int = 3
+    start_timeout_s: float = 10.0
+    connect_backoff_s: float = 1.0
     message_limit: int = MESSAGE_LIMIT
     preview_timeout_s: float = 5.0  # one preview call; a slower one ends previewing for the run
 
@@ -60,6 +64,8 @@ class TelegramSettings:
             raise ValueError(f"telegram.dm_policy must be allowlist, open or pairing, got {self.dm_policy!r}")
         if self.stream_edit_interval_s <= 0:
             raise ValueError("telegram.stream_edit_interval_s must be positive")
+        if self.start_attempts < 1 or self.start_timeout_s <= 0:
+            raise ValueError("telegram start-up needs at least one attempt and a positive timeout")
 
     @classmethod
     def from_config(cls, section: Any, **tuning: Any) -> TelegramSettings:

@@ -103,3 +103,30 @@ async def test_an_http_port_in_use_exits_1_in_one_line(tmp_path: Path) -> None:
     assert code == 1, err
     assert_one_clear_line(err, str(port))
     assert_nothing_left_running(tmp_path)
+
+
+async def test_an_unreachable_bot_api_exits_1_after_a_bounded_try(tmp_path: Path) -> None:
+    closed = free_port()  # nothing listens there: every connection is refused
+    config = {
+        **base_config(tmp_path, free_port()),
+        "telegram": {"enabled": True, "token": "123456:AAunreachableTokenForTheTest_abcd",
+                     "api_base_url": f"http://127.0.0.1:{closed}/bot", "allow_from": ["42"]},
+    }
+    code, err = await botd_exits(tmp_path, config)
+    assert code == 1, err
+    assert_one_clear_line(err, "telegram.api_base_url", "network", f"127.0.0.1:{closed}")
+    assert "AAunreachableToken" not in err
+    assert err.count("telegram.connect_failed") == 2  # the attempts before giving up, logged
+    assert_nothing_left_running(tmp_path)
+
+
+async def test_a_refused_set_webhook_exits_2_naming_the_webhook_url(tmp_path: Path) -> None:
+    async with FakeTelegram() as tg:
+        tg.fail_next("setWebhook", description="Bad Request: bad webhook: HTTPS url must be provided", times=5)
+        section = telegram_section(tg)
+        section["telegram"].update(mode="webhook", webhook_url="http://bot.example.com/telegram")
+        code, err = await botd_exits(tmp_path, {**base_config(tmp_path, free_port()), **section})
+        assert len(tg.calls_to("setWebhook")) == 1  # an answer, not an outage: never retried
+    assert code == 2, err
+    assert_one_clear_line(err, "telegram.webhook_url", "url must be provided")
+    assert_nothing_left_running(tmp_path)

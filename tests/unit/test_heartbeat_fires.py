@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from agent.tools.registry import ToolSettings
 from bot.store.keys import Keys
+from bot.workspaces import SessionWorkspaces
 from scheduler.fires import DEFAULT_HEARTBEAT_PROMPT
 from scheduler.heartbeat import HeartbeatFires
 from scheduler.ports import JobTarget
@@ -254,3 +256,51 @@ async def test_runner_failures_are_recorded(
     record = await hb.fire(NOON)
     assert record is not None and record.run_status == "error"
     assert record.error in ("model unavailable", "ConnectionError: gateway down")
+
+
+async def test_the_target_chats_own_checklist_comes_before_the_roots(
+    redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path
+) -> None:
+    root = tmp_path / "ws"
+    root.mkdir()
+    write_checklist(root, "- the root's item\n")
+    workspaces = SessionWorkspaces(ToolSettings(workspace=root), "user")
+    runner = RecordingRunner()
+    hb = HeartbeatFires(
+        HeartbeatSettings(enabled=True, every="30m", target=TARGET), FireClaims(redis_client, Keys(redis_prefix)), RunLedger(redis_client, Keys(redis_prefix)),
+        runner, workspace=root, checklist_dirs=lambda: workspaces.lookup_dirs("telegram", "-1001"),
+        agent_id="main", session_key="agent:main:heartbeat", clock=ManualClock(NOON), owner="test",
+    )
+    await hb.fire(NOON)
+    assert "- the root's item" in runner.requests[-1].text  # no chat directory yet: the root's
+
+    chat_dir = root / "chats" / "telegram--1001"
+    chat_dir.mkdir(parents=True)
+    write_checklist(chat_dir, "- the chat's own item\n")
+    await hb.fire(NOON + timedelta(minutes=30))
+    assert "- the chat's own item" in runner.requests[-1].text
+    assert "the root's item" not in runner.requests[-1].text
+
+    # A link a tool planted in the chat's directory is not followed out of it: the root's file counts.
+    secret = tmp_path / "daemon-secret.txt"
+    secret.write_text("- token 123:ABC\n")
+    (chat_dir / "HEARTBEAT.md").unlink()
+    (chat_dir / "HEARTBEAT.md").symlink_to(secret)
+    await hb.fire(NOON + timedelta(minutes=60))
+    assert "token 123" not in runner.requests[-1].text and "- the root's item" in runner.requests[-1].text
+
+
+async def test_active_hours_lost_to_the_spring_forward_jump_still_run_once(
+    redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path
+) -> None:
+    write_checklist(tmp_path)
+    runner = RecordingRunner()
+    clock = ManualClock(datetime(2027, 3, 27, 22, 0, tzinfo=UTC))
+    hb = make(redis_client, redis_prefix, tmp_path, runner, clock,
+              active_hours="02:00-03:00", timezone="Europe/Berlin")
+    fire_time = clock.now
+    while fire_time < datetime(2027, 3, 28, 22, 0, tzinfo=UTC):  # the whole local Sunday, every 30 min
+        clock.now = fire_time
+        await hb.fire(fire_time)
+        fire_time += timedelta(minutes=30)
+    assert [r.meta["fire_time"] for r in runner.requests] == ["2027-03-28T01:00:00Z"]  # 03:00 CEST

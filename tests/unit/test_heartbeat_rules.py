@@ -197,3 +197,40 @@ def test_scheduler_settings_validation() -> None:
         SchedulerSettings(timezone="Nope")
     with pytest.raises(ValueError, match="scheduler.run_timeout_s"):
         SchedulerSettings(run_timeout_s=0)
+
+
+def _grid(start: datetime, end: datetime, step: timedelta) -> list[datetime]:
+    out = []
+    while start < end:
+        out.append(start)
+        start += step
+    return out
+
+
+def test_a_window_wholly_in_the_spring_forward_gap_runs_once_at_the_jump() -> None:
+    # Europe/Berlin, 2027-03-28: 02:00 CET jumps to 03:00 CEST at 01:00 UTC; 02:xx never happens.
+    window = ActiveHours.parse("02:00-03:00", "Europe/Berlin")
+    half_hour = timedelta(minutes=30)
+    day = _grid(datetime(2027, 3, 27, 22, 0, tzinfo=UTC), datetime(2027, 3, 28, 22, 0, tzinfo=UTC), half_hour)
+    assert [t for t in day if window.admits(t, half_hour.total_seconds())] == [datetime(2027, 3, 28, 1, 0, tzinfo=UTC)]
+    # An ordinary day keeps the plain rule: 02:00 and 02:30 CET.
+    before = _grid(datetime(2027, 3, 26, 22, 0, tzinfo=UTC), datetime(2027, 3, 27, 22, 0, tzinfo=UTC), half_hour)
+    assert [t for t in before if window.admits(t, 1800)] == [
+        datetime(2027, 3, 27, 1, 0, tzinfo=UTC), datetime(2027, 3, 27, 1, 30, tzinfo=UTC)]
+    # A grid that does not land on the jump: the first fire within one interval after it.
+    inner = ActiveHours.parse("02:10-02:50", "Europe/Berlin")
+    odd = _grid(datetime(2027, 3, 28, 0, 0, 7, tzinfo=UTC), datetime(2027, 3, 28, 4, 0, tzinfo=UTC),
+                timedelta(minutes=45))
+    assert [t for t in odd if inner.admits(t, 2700)] == [datetime(2027, 3, 28, 1, 30, 7, tzinfo=UTC)]
+
+
+def test_a_window_partly_in_the_gap_runs_only_at_wall_times_that_exist() -> None:
+    window = ActiveHours.parse("01:30-02:30", "Europe/Berlin")
+    day = _grid(datetime(2027, 3, 27, 22, 0, tzinfo=UTC), datetime(2027, 3, 28, 22, 0, tzinfo=UTC),
+                timedelta(minutes=30))
+    assert [t for t in day if window.admits(t, 1800)] == [datetime(2027, 3, 28, 0, 30, tzinfo=UTC)]
+    # Windows elsewhere and the autumn change are untouched: 02:xx happens twice then.
+    autumn = ActiveHours.parse("02:00-03:00", "Europe/Berlin")
+    october = _grid(datetime(2027, 10, 30, 22, 0, tzinfo=UTC), datetime(2027, 10, 31, 22, 0, tzinfo=UTC),
+                    timedelta(minutes=30))
+    assert len([t for t in october if autumn.admits(t, 1800)]) == 4

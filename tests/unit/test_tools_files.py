@@ -204,7 +204,8 @@ async def test_home_is_expanded(tmp_path: Path, workspace: Path, monkeypatch: py
 async def test_list_directory(ctx: ToolContext, workspace: Path) -> None:
     (workspace / "alias").symlink_to(workspace / "notes")
     out = await ListDirectoryTool().execute({}, ctx)
-    assert out.content.splitlines() == ["alias -> " + str(workspace / "notes"), "notes/", "secret/"]
+    # The denied directory is left out of the listing: a tool never sees botd's own files.
+    assert out.content.splitlines() == ["alias -> " + str(workspace / "notes"), "notes/"]
     notes = await ListDirectoryTool().execute({"path": "notes"}, ctx)
     assert notes.content == "todo.txt  (14 bytes)"
     with pytest.raises(ToolError, match="is a file"):
