@@ -229,13 +229,15 @@ async def compact(
     flush_timeout_s: float = FLUSH_TIMEOUT_S,
     flush_max_iterations: int = FLUSH_MAX_ITERATIONS,
     summary_timeout_s: float = SUMMARY_TIMEOUT_S,
+    focus: str | None = None,
 ) -> CompactionResult:
     """Flush memories, then summarize all but the last ``keep_last`` messages.
 
     A flush that fails is logged and the summary is still made; a summary that
     fails raises (``LLMError`` or ``CompactionError``) and nothing should be stored.
     ``context_window_tokens``, when given, prunes large tool results in the flush's
-    view of the conversation as before any request.
+    view of the conversation as before any request. ``focus`` tells the summary what
+    to pay attention to (``/compact <focus>``).
     """
     to_summarize, keep = split_for_compaction(messages, keep_last)
     if not to_summarize:
@@ -263,7 +265,7 @@ async def compact(
             ),
         )
     summary = await summarize(
-        to_summarize, model=model, previous_summary=previous_summary, timeout_s=summary_timeout_s
+        to_summarize, model=model, previous_summary=previous_summary, timeout_s=summary_timeout_s, focus=focus
     )
     return CompactionResult(
         summary=summary,
