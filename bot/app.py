@@ -25,6 +25,7 @@ from bot.gateway.reply import DeliveryLedger
 from bot.gateway.run import RunDeps, RunExecutor
 from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
+from bot.models import ModelCatalog, build_client
 from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key
 from bot.store.connection import RedisHandle
@@ -56,20 +57,8 @@ def tool_settings(cfg: BotdConfig) -> ToolSettings:
 
 
 def build_model(cfg: BotdConfig) -> LLMClient:
-    key = cfg.llm.api_key.get_secret_value() if cfg.llm.api_key else None
-    register_secret(key)
-    if key is None and cfg.llm.base_url is None:
-        raise ConfigError(
-            "config error: llm.api_key: required when llm.base_url is not set (or set OPENAI_API_KEY)"
-        )
-    return LLMClient(
-        model=cfg.llm.model,
-        base_url=cfg.llm.base_url,
-        api_key=key,
-        max_output_tokens=cfg.llm.max_output_tokens,
-        request_timeout_s=cfg.llm.request_timeout_s,
-        max_retries=cfg.llm.max_retries,
-    )
+    """The client of the default model (``llm.model``)."""
+    return build_client(cfg, cfg.llm.model)
 
 
 def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
@@ -117,17 +106,21 @@ class App:
         self.ledger = DeliveryLedger(client, prefix)
         self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s)
         self.traces = TraceStore(client, prefix)
-        self.compactor = SessionCompactor(self.sessions, client, prefix, self.model, self.tool_settings, cfg)
+        self.models = ModelCatalog(cfg, self.model)
+        self.models.check()
+        self.compactor = SessionCompactor(
+            self.sessions, client, prefix, self.model, self.tool_settings, cfg, models=self.models.client
+        )
         self.executor = RunExecutor(
             RunDeps(
                 cfg=cfg, sessions=self.sessions, model=self.model, tools=self.tools,
                 tool_settings=self.tool_settings, channels=self.channels, ledger=self.ledger,
-                approvals=self.approvals, traces=self.traces, compactor=self.compactor,
+                approvals=self.approvals, traces=self.traces, compactor=self.compactor, models=self.models,
             )
         )
         self.control = ControlCommands(
             client, prefix, self.channels, self.sessions, self.approvals, self.ledger,
-            model=cfg.llm.model, context_window=cfg.llm.context_window, traces=self.traces,
+            models=self.models, compactor=self.compactor, traces=self.traces,
         )
 
         def lock_factory(session: str, on_lost: Callable[[], None]) -> SessionLock:
