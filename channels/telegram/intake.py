@@ -29,7 +29,9 @@ from telegram import CallbackQuery, Chat, Message, MessageEntity, Update, User
 
 from channels.telegram.settings import TelegramSettings
 
-CONTROL_COMMANDS = frozenset({"stop", "stopall", "new", "status", "help", "approve", "deny"})
+CONTROL_COMMANDS = frozenset(
+    {"stop", "stopall", "new", "status", "help", "approve", "deny", "compact", "model", "usage"}
+)
 APPROVAL_DATA = re.compile(r"^ap:([A-Za-z0-9_-]{1,48}):([yn])$")
 
 
