@@ -17,7 +17,6 @@ from tests.integration.gateway_harness import (
     dm_session,
     request_texts,
     running_daemon,
-    wait_until,
 )
 
 WINDOW = 16_000

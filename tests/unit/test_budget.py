@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
 import pytest
 
+from agent import notices
 from agent.budget import (
     Baseline,
     ContextBudget,
@@ -13,8 +18,11 @@ from agent.budget import (
     keep_for_target,
     tools_tokens,
 )
+from agent.llm_types import DeltaCallback, LLMResponse
+from agent.loop import run_loop
 from agent.tokens import estimate_tokens
-from agent.types import Message, ToolCall
+from agent.tools.registry import Tool, ToolContext, ToolOutput, ToolRegistry, ToolSettings
+from agent.types import Message, ToolCall, Usage
 
 
 def text_of_tokens(tokens: int) -> str:
@@ -172,3 +180,72 @@ async def test_pruning_old_tool_results_comes_before_compaction() -> None:
     fitted = await preflight.fit(history, 0, None)
     assert len(fitted) == len(history) and preflight.budget.fits(estimate_request(fitted))
     assert history[3].content == big  # the caller's list is not changed
+
+
+# -- in the loop ---------------------------------------------------------------------------
+
+
+class BigTool(Tool):
+    name = "big"
+    description = "Returns a lot of text."
+    parameters = {"type": "object", "properties": {}}
+
+    async def execute(self, args: dict[str, Any], ctx: ToolContext) -> ToolOutput:
+        return ToolOutput(text_of_tokens(3_000))
+
+
+class ScriptedModel:
+    """A ChatModel that answers from a list and records what it was sent."""
+
+    def __init__(self, *responses: LLMResponse) -> None:
+        self.responses = list(responses)
+        self.sent: list[list[Message]] = []
+
+    async def complete(
+        self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, on_delta: DeltaCallback | None = None
+    ) -> LLMResponse:
+        self.sent.append(list(messages))
+        return self.responses.pop(0)
+
+
+def loop_ctx(tmp_path: Path) -> ToolContext:
+    return ToolContext(run_id="r1", session_key="agent:main:test:dm:1", settings=ToolSettings(workspace=tmp_path))
+
+
+def calls_big() -> LLMResponse:
+    return LLMResponse(
+        tool_calls=[ToolCall(id="c1", name="big", arguments="{}")], finish_reason="tool_calls",
+        usage=Usage(prompt_tokens=500, completion_tokens=10),
+    )
+
+
+async def test_the_loop_compacts_before_the_call_that_would_overflow(tmp_path: Path) -> None:
+    model = ScriptedModel(calls_big(), LLMResponse(text="done", finish_reason="stop"))
+    start = [Message.system("s"), Message.user(text_of_tokens(1_000)), Message.user("go")]
+    summary = [Message.system("s"), Message.user("summary"), Message.user("go")]
+    asked: list[int] = []
+
+    async def compact(allowance: int) -> list[Message]:
+        asked.append(allowance)
+        return summary
+
+    result = await run_loop(
+        start, model=model, tools=ToolRegistry([BigTool()]), ctx=loop_ctx(tmp_path), run_id="r1",
+        preflight=Preflight(ContextBudget(4_096), compact=compact),
+    )
+    assert result.status == "completed" and result.text == "done"
+    assert model.sent[0] == start and len(asked) == 1
+    assert model.sent[1][:3] == summary  # the compacted start, then the run's own messages
+    assert model.sent[1][3:] == result.messages[:2]
+    assert [m.role for m in result.messages] == ["assistant", "tool", "assistant"]
+
+
+async def test_the_loop_ends_with_the_context_notice_and_a_valid_history(tmp_path: Path) -> None:
+    model = ScriptedModel(calls_big())
+    result = await run_loop(
+        [Message.system("s"), Message.user("go")], model=model, tools=ToolRegistry([BigTool()]),
+        ctx=loop_ctx(tmp_path), run_id="r1", preflight=Preflight(ContextBudget(2_048)),
+    )
+    assert result.status == "failed" and result.error == notices.CONTEXT_FULL
+    assert len(model.sent) == 1  # the second, oversized request was never made
+    assert [m.role for m in result.messages] == ["assistant", "tool"]
