@@ -147,7 +147,8 @@ class Gateway:
 
     def kick(self, session_key: str) -> None:
         """Serve the session now (its messages may have waited for the lock)."""
-        self.workers.kick(session_key)
+        if not self._closing:
+            self.workers.kick(session_key)
 
     def busy_locally(self) -> bool:
         return self.workers.busy()
