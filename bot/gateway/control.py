@@ -176,7 +176,10 @@ class ControlCommands:
         elif command.name == "help":
             text = HELP_TEXT
         elif command.name == "compact":
-            text = await self._start_compaction(req, command.arg, gateway)
+            refused = await self._start_compaction(req, command.arg, gateway)
+            if refused is None:
+                return  # started, and already said so
+            text = refused
         elif command.name == "model":
             text = await self._model_command(session_key, command.arg)
         elif command.name == "usage":
@@ -209,8 +212,11 @@ class ControlCommands:
         return "\n".join(lines)
 
     # -- /compact, /model, /usage -------------------------------------------------------
-    async def _start_compaction(self, req: RunRequest, focus: str | None, gateway: GatewayOps) -> str:
-        """Take the session lock and compact in the background; refused while a run holds it."""
+    async def _start_compaction(self, req: RunRequest, focus: str | None, gateway: GatewayOps) -> str | None:
+        """Take the session lock and compact in the background; refused while a run holds it.
+
+        Returns the refusal, or None once the compaction started (the chat was told first,
+        so "Compacting…" always comes before the result)."""
         if self._compactor is None:
             return "Compaction is not available here."
         session_key = req.session_key
@@ -223,10 +229,15 @@ class ControlCommands:
         lock = gateway.session_lock(session_key, lost)
         if not await lock.acquire(wait=False):
             return "A reply is in progress. Send /compact again once it has finished, or /stop it first."
+        try:
+            await self._answer(req, "Compacting this conversation…")
+        except BaseException:
+            await asyncio.shield(lock.release())
+            raise
         task = asyncio.create_task(self._compact(req, focus, lock, gateway), name=f"compact:{session_key}")
         self._compactions.add(task)
         task.add_done_callback(self._compactions.discard)
-        return "Compacting this conversation…"
+        return None
 
     async def _compact(self, req: RunRequest, focus: str | None, lock: SessionLock, gateway: GatewayOps) -> None:
         assert self._compactor is not None

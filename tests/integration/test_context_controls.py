@@ -199,7 +199,9 @@ async def test_compact_with_nothing_to_compact_says_so(tmp_path: Path, redis_url
         await bot.sessions.append(dm_session(), "seed", [Message.user("hi"), Message.assistant("hello")])
         await bot.send("/compact")
         assert (await notice(bot, "Nothing to compact")).startswith("Nothing to compact yet: 2 message(s)")
+        assert bot.channel.texts("notice")[0] == "Compacting this conversation…"  # always first
         assert fake.requests == []
+        await bot.wait_idle()
 
 
 async def test_messages_sent_during_a_compaction_wait_for_it(
