@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable
 
-from bot.app import build_model
 from bot.config import BotdConfig
+from bot.models import build_client
 from bot.store.connection import open_redis
 
 Check = tuple[str, bool, str]
@@ -34,17 +35,20 @@ async def run_checks(cfg: BotdConfig) -> list[Check]:
         finally:
             await handle.close()
 
-    async def llm() -> str:
-        model = build_model(cfg)
+    async def llm(model_id: str) -> str:
+        model = build_client(cfg, model_id)
         try:
             models = await model.check()
         finally:
             await model.aclose()
-        listed = "listed" if cfg.llm.model in models else "not listed (may still work)"
-        return f"endpoint answers; model {cfg.llm.model} {listed}"
+        listed = "listed" if model_id in models else "not listed (may still work)"
+        return f"endpoint answers; model {model_id} {listed}"
 
     results.append(await _guarded("redis", redis))
-    results.append(await _guarded("llm", llm))
+    results.append(await _guarded("llm", lambda: llm(cfg.llm.model)))
+    for model_id in cfg.llm.models:  # the models a chat may switch to with /model
+        if model_id != cfg.llm.model:
+            results.append(await _guarded(f"llm {model_id}", functools.partial(llm, model_id)))
     if cfg.telegram.enabled:
         results.append(await _guarded("telegram", lambda: _telegram(cfg)))
     if cfg.slack.enabled:
