@@ -105,6 +105,10 @@ class SessionCompactor:
         self.lock_ttl_s = lock_ttl_s
         self.clock = clock or (lambda: datetime.now(UTC))
 
+    async def in_progress(self, session_key: str) -> bool:
+        """Some replica is compacting the session right now."""
+        return bool(await self.client.exists(compaction_lock_key(self.keys, session_key)))
+
     def _model(self, profile: ModelProfile | None) -> tuple[ChatModel, int]:
         if profile is None or self.models is None:
             return self.model, profile.context_window if profile else self.cfg.llm.context_window

@@ -228,6 +228,8 @@ class ControlCommands:
 
         lock = gateway.session_lock(session_key, lost)
         if not await lock.acquire(wait=False):
+            if await self._compactor.in_progress(session_key):
+                return "This conversation is being compacted already; the result follows."
             return "A reply is in progress. Send /compact again once it has finished, or /stop it first."
         try:
             await self._answer(req, "Compacting this conversation…")

@@ -219,6 +219,8 @@ async def test_messages_sent_during_a_compaction_wait_for_it(
         await bot.sessions.append(dm_session(), "seed", [Message.user(f"m{i}") for i in range(10)])
         await bot.send("/compact")
         await gate.wait_waiting(1)
+        await bot.send("/compact")
+        assert "compacted already" in await notice(bot, "This conversation is being compacted")
         await bot.send("while compacting")
         gate.release()
         await notice(bot, "Compacted")
