@@ -30,7 +30,7 @@ from bot.store.keys import Keys
 from bot.store.locks import SessionLock
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
-from channels.base import ChannelAdapter, Target
+from channels.base import UNLISTED, ChannelAdapter, Target
 
 log = structlog.get_logger(__name__)
 
@@ -181,7 +181,10 @@ class ControlCommands:
                 return  # started, and already said so
             text = refused
         elif command.name == "model":
-            text = await self._model_command(session_key, command.arg)
+            if command.arg is not None and req.meta.get(UNLISTED):
+                text = "Only the bot's listed users can switch the model; /model alone lists them."
+            else:
+                text = await self._model_command(session_key, command.arg)
         elif command.name == "usage":
             text = await self._usage(session_key)
         elif command.name in ("approve", "deny"):

@@ -64,6 +64,9 @@ class Inbound:
     message_id: str | None
     callback_id: str | None = None
     decision: Literal["approve", "deny"] | None = None
+    # The sender passes the strict check approvals use (listed, when there is an allowlist);
+    # a group admits every member, but only listed users may change what the bot costs (/model).
+    listed: bool = True
 
 
 @dataclass(frozen=True)
@@ -189,6 +192,7 @@ def normalize_message(
         username=user.username,
         text=text,
         message_id=str(msg.message_id),
+        listed=access.approver_allowed(user, chat),
     )
 
 

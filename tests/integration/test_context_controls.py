@@ -10,10 +10,12 @@ from agent import notices
 from agent.compaction import FLUSH_TASK
 from agent.history import SUMMARY_HEADER
 from agent.types import Message
+from channels.base import UNLISTED
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.integration.gateway_harness import (
     Bot,
     Gate,
+    chat_request,
     dm_session,
     request_texts,
     running_daemon,
@@ -273,6 +275,21 @@ async def test_model_lists_switches_and_the_run_uses_that_models_id_endpoint_and
             await bot.send("hi", chat_id="200")
             await bot.channel.wait_for(lambda ch: len(ch.texts("part")) >= 3)
             assert fake.requests[-1]["model"] == "small"
+
+
+async def test_an_unlisted_group_member_may_list_but_not_switch_the_model(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with FakeOpenAI() as fake, running_daemon(
+        tmp_path, fake, redis_url, redis_prefix, llm={"models": {"gpt-4o": {}}}
+    ) as bot:
+        req = chat_request("/model gpt-4o")
+        await bot.submit(req.model_copy(update={"meta": {UNLISTED: "1"}}))
+        assert "Only the bot's listed users" in await notice(bot, "Only")
+        assert await bot.sessions.model(dm_session()) is None
+        listing = chat_request("/model")
+        await bot.submit(listing.model_copy(update={"meta": {UNLISTED: "1"}}))
+        assert "gpt-4o" in await notice(bot, "Models")
 
 
 # -- /usage --------------------------------------------------------------------------------
