@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 
 import structlog
 
+from agent.budget import keep_for_target
 from agent.compaction_memory import memory_tool_settings, memory_tools
 from agent.compaction_summary import SUMMARY_TIMEOUT_S, CompactionError, summarize
 from agent.history import prune_tool_results, repair_pairing, summary_messages
@@ -27,6 +28,7 @@ from agent.llm_types import ChatModel
 from agent.loop import RunCancelled, run_loop
 from agent.prompt import PromptSpec, build_system_prompt
 from agent.sanitize import is_silent_chat
+from agent.tokens import estimate_tokens
 from agent.tools.registry import ToolContext, ToolRegistry
 from agent.types import Message, RunStatus, ToolPolicy, Usage
 
@@ -56,6 +58,10 @@ FLUSH_PROMPT: Final[str] = (
     "preferences, commitments) to MEMORY.md, or to memory/<topic>.md for details; read a file "
     "before changing it and keep what is already there. Never store secrets. " + FLUSH_TASK
 )
+
+# The flush sees at most this share of the window (newest messages first), so its own
+# request fits even when the conversation it is about to condense does not.
+FLUSH_WINDOW_SHARE: Final[float] = 0.8
 
 FlushStatus = Literal[RunStatus, "timeout"]
 
@@ -246,10 +252,13 @@ async def compact(
     flush_result: FlushResult | None = None
     if flush:
         conversation = list(messages)
+        head = 0
         if previous_summary and previous_summary.strip():
             conversation = summary_messages(previous_summary.strip()) + conversation
+            head = 2
         if context_window_tokens:
             conversation = prune_tool_results(conversation, context_window_tokens)
+            conversation = _newest_within(conversation, head, int(context_window_tokens * FLUSH_WINDOW_SHARE))
         flush_result = await _flush(
             bound,
             memory_flush(
@@ -274,6 +283,13 @@ async def compact(
         summarized=len(to_summarize),
         flush=flush_result,
     )
+
+
+def _newest_within(messages: list[Message], head: int, allowance: int) -> list[Message]:
+    """The first ``head`` messages (the summary pair) and the newest others that fit in ``allowance``."""
+    fixed, rest = messages[:head], messages[head:]
+    keep = keep_for_target(rest, allowance - estimate_tokens(fixed, include_tool_calls=True))
+    return fixed + rest[len(rest) - keep :]
 
 
 async def _flush(bound: Any, run: Coroutine[Any, Any, FlushResult]) -> FlushResult | None:
