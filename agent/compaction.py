@@ -59,9 +59,10 @@ FLUSH_PROMPT: Final[str] = (
     "before changing it and keep what is already there. Never store secrets. " + FLUSH_TASK
 )
 
-# The flush sees at most this share of the window (newest messages first), so its own
-# request fits even when the conversation it is about to condense does not.
-FLUSH_WINDOW_SHARE: Final[float] = 0.8
+# The flush and summary requests use at most this share of the window (the flush sees the
+# newest messages, the summary shortens long ones), so they fit even when the conversation
+# they condense no longer does.
+REQUEST_WINDOW_SHARE: Final[float] = 0.8
 
 FlushStatus = Literal[RunStatus, "timeout"]
 
@@ -258,7 +259,7 @@ async def compact(
             head = 2
         if context_window_tokens:
             conversation = prune_tool_results(conversation, context_window_tokens)
-            conversation = _newest_within(conversation, head, int(context_window_tokens * FLUSH_WINDOW_SHARE))
+            conversation = _newest_within(conversation, head, int(context_window_tokens * REQUEST_WINDOW_SHARE))
         flush_result = await _flush(
             bound,
             memory_flush(
@@ -274,7 +275,12 @@ async def compact(
             ),
         )
     summary = await summarize(
-        to_summarize, model=model, previous_summary=previous_summary, timeout_s=summary_timeout_s, focus=focus
+        to_summarize,
+        model=model,
+        previous_summary=previous_summary,
+        timeout_s=summary_timeout_s,
+        focus=focus,
+        max_tokens=int(context_window_tokens * REQUEST_WINDOW_SHARE) if context_window_tokens else None,
     )
     return CompactionResult(
         summary=summary,

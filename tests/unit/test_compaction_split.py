@@ -159,6 +159,19 @@ def test_a_focus_is_fenced_defused_and_bounded() -> None:
     assert len(fenced) < 600  # at most 500 characters of focus, plus the fence
 
 
+
+def test_a_summary_request_shrinks_long_messages_to_fit() -> None:
+    from agent.tokens import estimate_tokens
+
+    messages = [Message.user(f"fact {i} " + "y" * 20_000) for i in range(20)]
+    loose = summary_request(messages, None)
+    assert estimate_tokens(loose) > 40_000
+    tight = summary_request(messages, None, max_tokens=12_000)
+    assert estimate_tokens(tight) <= 12_000
+    body = tight[1].content or ""
+    assert all(f"fact {i} " in body for i in range(20))  # every message is still there, shortened
+
+
 # -- memory paths ------------------------------------------------------------------
 
 
