@@ -121,6 +121,7 @@ class SessionCompactor:
         profile: ModelProfile | None = None,
         focus: str | None = None,
         keep_tokens: int | None = None,
+        settings: ToolSettings | None = None,
     ) -> CompactOutcome:
         """Compact the session now (``/compact``, or a request that would not fit).
 
@@ -145,7 +146,9 @@ class SessionCompactor:
                 keep = keep_for_target(snapshot.messages, keep_tokens, max_keep=count - 1)
             if count <= keep or count == 0:
                 return CompactOutcome("nothing", count, before, count, before)
-            stored = await self._store(session_key, snapshot, bound, profile, focus=focus, keep_last=keep)
+            stored = await self._store(
+                session_key, snapshot, bound, profile, settings, focus=focus, keep_last=keep
+            )
             if not stored:
                 return CompactOutcome("changed", count, before, count, before)
             after = await self.sessions.snapshot(session_key)
@@ -159,7 +162,12 @@ class SessionCompactor:
             await lease.release()
 
     async def maybe_compact(
-        self, session_key: str, last_prompt_tokens: int, profile: ModelProfile | None = None
+        self,
+        session_key: str,
+        last_prompt_tokens: int,
+        profile: ModelProfile | None = None,
+        *,
+        settings: ToolSettings | None = None,
     ) -> bool:
         """Compact ``session_key`` if it is due; True only when a compaction was stored.
 
@@ -185,7 +193,7 @@ class SessionCompactor:
             _log_failure(bound, "check", exc)
             return False
         try:
-            return await self._compact(session_key, last_prompt_tokens, compactions, bound, profile)
+            return await self._compact(session_key, last_prompt_tokens, compactions, bound, profile, settings)
         except Exception as exc:
             _log_failure(bound, "compact", exc)
             return False
@@ -204,7 +212,8 @@ class SessionCompactor:
         return should_compact(int(count), tokens, window), int(compactions or 0)
 
     async def _compact(
-        self, session_key: str, last_prompt_tokens: int, compactions: int, bound: Any, profile: ModelProfile | None
+        self, session_key: str, last_prompt_tokens: int, compactions: int, bound: Any,
+        profile: ModelProfile | None, settings: ToolSettings | None = None,
     ) -> bool:
         snapshot = await self.sessions.snapshot(session_key)
         if await self.sessions.compaction_count(session_key) != compactions:
@@ -213,7 +222,7 @@ class SessionCompactor:
         if not should_compact(snapshot.stored_count, last_prompt_tokens, self._model(profile)[1]):
             bound.info("compaction.skipped", reason="no_longer_due", messages=snapshot.stored_count)
             return False
-        return await self._store(session_key, snapshot, bound, profile)
+        return await self._store(session_key, snapshot, bound, profile, settings)
 
     async def _store(
         self,
@@ -221,18 +230,20 @@ class SessionCompactor:
         snapshot: SessionSnapshot,
         bound: Any,
         profile: ModelProfile | None,
+        settings: ToolSettings | None,
         *,
         focus: str | None = None,
         keep_last: int = KEEP_LAST,
     ) -> bool:
         """Flush, summarize and replace; False when the history changed meanwhile."""
+        settings = settings or self.tool_settings  # the session's own directory: its MEMORY.md
         model, window = self._model(profile)
         run_id = f"compaction-{new_id()}"
         bound = bound.bind(run_id=run_id)
         ctx = ToolContext(
             run_id=run_id,
             session_key=session_key,
-            settings=self.tool_settings,
+            settings=settings,
             policy=ToolPolicy(context="scheduled", allow=("write",)),
         )
         bound.info("compaction.started", messages=snapshot.stored_count, version=snapshot.version)
@@ -241,7 +252,7 @@ class SessionCompactor:
             model=model,
             tools=self.tools,
             ctx=ctx,
-            workspace=self.tool_settings.workspace,
+            workspace=settings.workspace,
             now=self.clock(),
             previous_summary=snapshot.summary,
             timezone=self.cfg.scheduler.timezone,

@@ -40,27 +40,41 @@ class ModelProfile:
 ClientFactory = Callable[[BotdConfig, str], ChatModel]
 
 
-def build_client(cfg: BotdConfig, model_id: str) -> LLMClient:
-    """The OpenAI-compatible client of ``model_id`` (ConfigError naming the key when it cannot be built)."""
+def model_api_key(cfg: BotdConfig, model_id: str) -> str | None:
+    """The key of ``model_id`` (its own, else ``llm.api_key``); None for a keyless endpoint.
+    Without a key or an endpoint: ConfigError naming the key."""
     entry = cfg.llm.models.get(model_id)
     secret = entry.api_key if entry is not None and entry.api_key is not None else cfg.llm.api_key
     key = secret.get_secret_value() if secret else None
-    base_url = entry.base_url if entry is not None and entry.base_url else cfg.llm.base_url
-    register_secret(key)
-    if key is None and base_url is None:
+    if key is None and model_profile(cfg, model_id).base_url is None:
         where = f"llm.models.{model_id}.api_key" if model_id != cfg.llm.model else "llm.api_key"
         raise ConfigError(f"config error: {where}: required when no base_url is set (or set OPENAI_API_KEY)")
+    return key
+
+
+def check_models(cfg: BotdConfig) -> None:
+    """Every model a chat may switch to can be reached with a key or a keyless endpoint."""
+    for model_id in cfg.llm.models:
+        model_api_key(cfg, model_id)
+
+
+def build_client(cfg: BotdConfig, model_id: str) -> LLMClient:
+    """The OpenAI-compatible client of ``model_id`` (ConfigError naming the key when it cannot be built)."""
+    key = model_api_key(cfg, model_id)
+    base_url = model_profile(cfg, model_id).base_url
+    register_secret(key)
     return LLMClient(
         model=model_id,
         base_url=base_url,
         api_key=key,
-        max_output_tokens=_profile(cfg, model_id).max_output_tokens,
+        max_output_tokens=model_profile(cfg, model_id).max_output_tokens,
         request_timeout_s=cfg.llm.request_timeout_s,
         max_retries=cfg.llm.max_retries,
     )
 
 
-def _profile(cfg: BotdConfig, model_id: str) -> ModelProfile:
+def model_profile(cfg: BotdConfig, model_id: str) -> ModelProfile:
+    """``model_id`` with what its ``llm.models`` entry leaves out taken from the ``llm`` section."""
     llm = cfg.llm
     entry = llm.models.get(model_id)
     price = entry.price if entry is not None and entry.price is not None else None
@@ -81,9 +95,9 @@ class ModelCatalog:
     def __init__(self, cfg: BotdConfig, default_client: ChatModel, factory: ClientFactory = build_client) -> None:
         self.cfg = cfg
         self._factory = factory
-        self._profiles = {cfg.llm.model: _profile(cfg, cfg.llm.model)}
+        self._profiles = {cfg.llm.model: model_profile(cfg, cfg.llm.model)}
         for model_id in cfg.llm.models:
-            self._profiles.setdefault(model_id, _profile(cfg, model_id))
+            self._profiles.setdefault(model_id, model_profile(cfg, model_id))
         self._clients: dict[str, ChatModel] = {cfg.llm.model: default_client}
         self._built: list[ChatModel] = []
 
@@ -107,11 +121,6 @@ class ModelCatalog:
             client = self._clients[model_id] = self._factory(self.cfg, model_id)
             self._built.append(client)
         return client
-
-    def check(self) -> None:
-        """Build every listed model's client now, so a missing key fails at start-up (exit 2)."""
-        for model_id in self._profiles:
-            self.client(model_id)
 
     async def for_session(self, sessions: SessionStore, session_key: str) -> ModelProfile:
         """The session's chosen model, or the default when it chose none (or one no longer configured)."""

@@ -16,6 +16,7 @@ import structlog
 from agent.budget import SUMMARY_RESERVE_TOKENS, Baseline, ContextBudget
 from agent.history import prepare_history
 from agent.tokens import estimate_tokens
+from agent.tools.registry import ToolSettings
 from agent.types import Message
 from bot.compactor import SessionCompactor, stored_tokens
 from bot.models import ModelProfile
@@ -55,6 +56,7 @@ class RunContext:
     history_turns: int
     system: Message | None = None
     user_messages: Sequence[Message] = ()
+    settings: ToolSettings | None = None  # the session's directory, where the flush keeps memories
 
     @property
     def budget(self) -> ContextBudget:
@@ -80,7 +82,9 @@ class RunContext:
             return None
         fixed = estimate_tokens([self.system, *self.user_messages], include_tool_calls=True)
         keep_tokens = allowance - fixed - SUMMARY_RESERVE_TOKENS
-        outcome = await self.compactor.compact_now(self.session_key, profile=self.profile, keep_tokens=keep_tokens)
+        outcome = await self.compactor.compact_now(
+            self.session_key, profile=self.profile, keep_tokens=keep_tokens, settings=self.settings
+        )
         log.info(
             "context.preflight_compaction", session_key=self.session_key, status=outcome.status,
             before_tokens=outcome.before_tokens, after_tokens=outcome.after_tokens,

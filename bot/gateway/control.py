@@ -30,6 +30,7 @@ from bot.store.keys import Keys
 from bot.store.locks import SessionLock
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
+from bot.workspaces import SessionWorkspaces
 from channels.base import UNLISTED, ChannelAdapter, Target
 
 log = structlog.get_logger(__name__)
@@ -125,6 +126,7 @@ class ControlCommands:
         models: ModelCatalog,
         compactor: SessionCompactor | None = None,
         traces: TraceStore | None = None,
+        workspaces: SessionWorkspaces | None = None,
     ) -> None:
         self._deduper = Deduper(client, Keys(prefix))
         self._channels = channels
@@ -133,6 +135,7 @@ class ControlCommands:
         self._ledger = ledger
         self._models = models
         self._compactor = compactor
+        self._workspaces = workspaces
         self._traces = traces
         self._compactions: set[asyncio.Task[None]] = set()
 
@@ -249,7 +252,8 @@ class ControlCommands:
         session_key = req.session_key
         try:
             profile = await self._models.for_session(self._sessions, session_key)
-            outcome = await self._compactor.compact_now(session_key, profile=profile, focus=focus)
+            settings = self._workspaces.settings_for(req) if self._workspaces is not None else None
+            outcome = await self._compactor.compact_now(session_key, profile=profile, focus=focus, settings=settings)
             text = _compaction_text(outcome, profile)
         except Exception as exc:  # the store went away; the session is as it was
             log.warning("command.compact_failed", session_key=session_key, error=str(exc))

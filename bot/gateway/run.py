@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from zoneinfo import ZoneInfo
 
@@ -48,11 +49,13 @@ from bot.gateway.reply import DeliveryLedger, Reply, notify
 from bot.models import ModelCatalog, ModelProfile
 from bot.store.sessions import SessionStore
 from bot.tracing import Span, Trace, TraceStore, TracingModel, clip, verbose
+from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
     from bot.compactor import SessionCompactor
     from bot.gateway.approvals import Approvals
+    from bot.gateway.redelivery import Redelivery
 
 log = structlog.get_logger(__name__)
 
@@ -95,6 +98,8 @@ class RunDeps:
     approvals: Approvals
     traces: TraceStore
     compactor: SessionCompactor | None = None
+    redelivery: Redelivery | None = None
+    workspaces: SessionWorkspaces | None = None  # None: every run uses tool_settings as is
     tool_extra: dict[str, Any] = field(default_factory=dict)
     models: ModelCatalog | None = None  # None: only ``model``, with the llm section's limits
 
@@ -150,9 +155,11 @@ class RunObserver:
             await self._reply.on_chunk(event.text)
         elif isinstance(event, ToolCallEvent):
             self._reply.reset_text()
+            await self._reply.on_tool(event.tool_call.name)
         elif isinstance(event, ToolResultEvent):
             result = event.tool_result
             failed = result.is_error
+            await self._reply.on_tool(event.tool_call.name, done=True, ok=not failed, ms=event.duration_ms or 0.0)
             metrics.TOOL_CALLS.labels(event.tool_call.name, "error" if failed else "ok").inc()
             attrs: dict[str, Any] = {}
             if verbose():
@@ -175,7 +182,10 @@ class RunExecutor:
             return RunOutcome(run_id, "failed", "failed", f"channel {last.channel!r} is not enabled")
         target = Target.of(last)
         trace = Trace(run_id=run_id, session_key=session_key, kind=first.kind, channel=last.channel)
-        reply = Reply(channel, target, run_id, self.deps.ledger, kind=first.kind, previews=first.kind == "chat")
+        reply = Reply(
+            channel, target, run_id, self.deps.ledger,
+            kind=first.kind, previews=first.kind == "chat", redelivery=self.deps.redelivery,
+        )
         turn = _Turn(batch, channel, target, trace, reply, bound)
         started = time.monotonic()
         metrics.ACTIVE_RUNS.inc()
@@ -204,7 +214,8 @@ class RunExecutor:
             return RunOutcome(turn.run_id, "blocked", "none", "blocked by the input guard")
         profile = await self.deps.catalog.for_session(self.deps.sessions, turn.session_key)
         turn.context = RunContext(
-            self.deps.sessions, self.deps.compactor, turn.session_key, profile, self.deps.cfg.agent.history_turns
+            self.deps.sessions, self.deps.compactor, turn.session_key, profile, self.deps.cfg.agent.history_turns,
+            settings=self._settings(turn.last),
         )
         messages = await self._prepare(turn, user_messages, turn.context)
         model = TracingModel(self.deps.catalog.client(profile.id), turn.trace, profile.id)
@@ -225,7 +236,9 @@ class RunExecutor:
         """The model's input: system prompt, the prepared history, the new user messages."""
         if verbose():
             turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
-        system = build_system_prompt(self._prompt_spec(turn.last, context.profile.id))
+        system = build_system_prompt(
+            self._prompt_spec(turn.last, self._settings(turn.last).workspace, context.profile.id)
+        )
         return await context.request(user_messages, Message.system(system))
 
     async def _run_agent(
@@ -248,7 +261,7 @@ class RunExecutor:
         ctx = ToolContext(
             run_id=turn.run_id,
             session_key=turn.session_key,
-            settings=deps.tool_settings,
+            settings=self._settings(last),
             policy=last.tool_policy,
             chat={"channel": last.channel, "chat_id": last.chat_id, "thread_id": last.thread_id,
                   "user_id": last.user_id},
@@ -316,7 +329,9 @@ class RunExecutor:
         await self._persist(session_key, run_id, user_messages, result, model, turn.profile)
         if deps.compactor is not None:
             try:
-                await deps.compactor.maybe_compact(session_key, model.last_prompt_tokens, turn.profile)
+                await deps.compactor.maybe_compact(
+                    session_key, model.last_prompt_tokens, turn.profile, settings=self._settings(turn.last)
+                )
             except Exception as exc:
                 turn.bound.warning("compaction.failed", error=str(exc))
         return RunOutcome(run_id, _status(result), delivery, result.error, result.text)
@@ -372,7 +387,12 @@ class RunExecutor:
             cost = profile.cost(prompt, completion) if profile is not None else None
             await sessions.record_run(session_key, run_id, prompt, completion, cost)
 
-    def _prompt_spec(self, req: RunRequest, model_id: str) -> PromptSpec:
+    def _settings(self, req: RunRequest) -> ToolSettings:
+        """The tool settings of ``req``'s session directory (``agent.workspace_scope``)."""
+        workspaces = self.deps.workspaces
+        return workspaces.settings_for(req) if workspaces else self.deps.tool_settings
+
+    def _prompt_spec(self, req: RunRequest, session_workspace: Path, model_id: str) -> PromptSpec:
         cfg = self.deps.cfg
         tz_name = cfg.heartbeat.timezone if req.kind == "heartbeat" else cfg.scheduler.timezone
         tools = self.deps.tools
@@ -387,6 +407,7 @@ class RunExecutor:
             timezone=tz_name,
             agent_id=cfg.agent.id,
             model=model_id,
+            session_workspace=session_workspace,
         )
 
 

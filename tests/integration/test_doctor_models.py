@@ -32,8 +32,8 @@ async def test_each_listed_model_is_checked_on_its_own_endpoint(
                 },
             },
         })
-        checks = {name: (ok, detail) for name, ok, detail in await run_checks(cfg)}
-    assert checks["llm"][0] and "model small" in checks["llm"][1]
+        checks = {f.name: f for f in await run_checks(cfg)}
+    assert checks["llm"].status == "ok" and "model small" in checks["llm"].detail
     assert "llm small" not in checks  # the default is checked once
-    assert checks["llm elsewhere"][0], checks["llm elsewhere"]
-    assert not checks["llm gone"][0]
+    assert checks["llm elsewhere"].status == "ok", checks["llm elsewhere"]
+    assert checks["llm gone"].status == "FAIL" and checks["llm gone"].fix

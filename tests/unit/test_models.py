@@ -9,7 +9,7 @@ import pytest
 
 from agent.llm import LLMClient
 from bot.config import BotdConfig, ConfigError, load_config
-from bot.models import ModelCatalog, build_client
+from bot.models import ModelCatalog, build_client, check_models
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +79,7 @@ def test_a_model_without_key_or_endpoint_names_its_key(tmp_path: Path) -> None:
     cfg = config(tmp_path, "llm:\n  api_key: k\n  models: {gpt-4o: {}}\n")
     cfg.llm.api_key = None
     with pytest.raises(ConfigError, match=r"llm\.models\.gpt-4o\.api_key"):
-        ModelCatalog(cfg, object()).check()  # type: ignore[arg-type]
+        check_models(cfg)
 
 
 @pytest.mark.parametrize(
