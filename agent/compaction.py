@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 
 import structlog
 
+from agent.budget import keep_for_target
 from agent.compaction_memory import memory_tool_settings, memory_tools
 from agent.compaction_summary import SUMMARY_TIMEOUT_S, CompactionError, summarize
 from agent.history import prune_tool_results, repair_pairing, summary_messages
@@ -27,6 +28,7 @@ from agent.llm_types import ChatModel
 from agent.loop import RunCancelled, run_loop
 from agent.prompt import PromptSpec, build_system_prompt
 from agent.sanitize import is_silent_chat
+from agent.tokens import estimate_tokens
 from agent.tools.registry import ToolContext, ToolRegistry
 from agent.types import Message, RunStatus, ToolPolicy, Usage
 
@@ -56,6 +58,11 @@ FLUSH_PROMPT: Final[str] = (
     "preferences, commitments) to MEMORY.md, or to memory/<topic>.md for details; read a file "
     "before changing it and keep what is already there. Never store secrets. " + FLUSH_TASK
 )
+
+# The flush and summary requests use at most this share of the window (the flush sees the
+# newest messages, the summary shortens long ones), so they fit even when the conversation
+# they condense no longer does.
+REQUEST_WINDOW_SHARE: Final[float] = 0.8
 
 FlushStatus = Literal[RunStatus, "timeout"]
 
@@ -229,13 +236,15 @@ async def compact(
     flush_timeout_s: float = FLUSH_TIMEOUT_S,
     flush_max_iterations: int = FLUSH_MAX_ITERATIONS,
     summary_timeout_s: float = SUMMARY_TIMEOUT_S,
+    focus: str | None = None,
 ) -> CompactionResult:
     """Flush memories, then summarize all but the last ``keep_last`` messages.
 
     A flush that fails is logged and the summary is still made; a summary that
     fails raises (``LLMError`` or ``CompactionError``) and nothing should be stored.
     ``context_window_tokens``, when given, prunes large tool results in the flush's
-    view of the conversation as before any request.
+    view of the conversation as before any request. ``focus`` tells the summary what
+    to pay attention to (``/compact <focus>``).
     """
     to_summarize, keep = split_for_compaction(messages, keep_last)
     if not to_summarize:
@@ -244,10 +253,13 @@ async def compact(
     flush_result: FlushResult | None = None
     if flush:
         conversation = list(messages)
+        head = 0
         if previous_summary and previous_summary.strip():
             conversation = summary_messages(previous_summary.strip()) + conversation
+            head = 2
         if context_window_tokens:
             conversation = prune_tool_results(conversation, context_window_tokens)
+            conversation = _newest_within(conversation, head, int(context_window_tokens * REQUEST_WINDOW_SHARE))
         flush_result = await _flush(
             bound,
             memory_flush(
@@ -263,7 +275,12 @@ async def compact(
             ),
         )
     summary = await summarize(
-        to_summarize, model=model, previous_summary=previous_summary, timeout_s=summary_timeout_s
+        to_summarize,
+        model=model,
+        previous_summary=previous_summary,
+        timeout_s=summary_timeout_s,
+        focus=focus,
+        max_tokens=int(context_window_tokens * REQUEST_WINDOW_SHARE) if context_window_tokens else None,
     )
     return CompactionResult(
         summary=summary,
@@ -272,6 +289,13 @@ async def compact(
         summarized=len(to_summarize),
         flush=flush_result,
     )
+
+
+def _newest_within(messages: list[Message], head: int, allowance: int) -> list[Message]:
+    """The first ``head`` messages (the summary pair) and the newest others that fit in ``allowance``."""
+    fixed, rest = messages[:head], messages[head:]
+    keep = keep_for_target(rest, allowance - estimate_tokens(fixed, include_tool_calls=True))
+    return fixed + rest[len(rest) - keep :]
 
 
 async def _flush(bound: Any, run: Coroutine[Any, Any, FlushResult]) -> FlushResult | None:

@@ -21,6 +21,7 @@ from typing import Any
 import structlog
 
 from agent import notices
+from agent.budget import ContextFull, Preflight
 from agent.llm_types import ChatModel, LLMError, LLMResponse, StreamDelta
 from agent.tools.policy import authorize
 from agent.tools.registry import ApprovalCallback, ToolContext, ToolError, ToolOutput, ToolRegistry
@@ -82,15 +83,18 @@ async def run_loop(
     steer: SteerCallback | None = None,
     approve: ApprovalCallback | None = None,
     max_iterations: int = 20,
+    preflight: Preflight | None = None,
 ) -> RunResult:
     """Run the agent over ``messages`` (not modified) and return what it added.
 
+    With ``preflight``, every model call is checked against the context budget first
+    (``agent.budget``); a request that cannot be made to fit ends the run as failed.
     Raises ``RunCancelled`` when the calling task is cancelled; never raises for tool
     or model failures (those end as ``is_error`` results or status ``failed``).
     """
     if max_iterations < 1:
         raise ValueError("max_iterations must be at least 1")
-    run = _Run(messages, model, tools, ctx, run_id, on_event, steer, approve)
+    run = _Run(messages, model, tools, ctx, run_id, on_event, steer, approve, preflight)
     return await run.run(max_iterations)
 
 
@@ -107,8 +111,10 @@ class _Run:
         on_event: EventCallback | None,
         steer: SteerCallback | None,
         approve: ApprovalCallback | None,
+        preflight: Preflight | None = None,
     ) -> None:
         self.history: list[Message] = list(messages)
+        self.preflight = preflight
         self.new: list[Message] = []
         self.model = model
         self.tools = tools
@@ -155,6 +161,8 @@ class _Run:
             self.streaming = False
             self.log.warning("agent.llm_failed", kind=exc.kind, status=exc.status, started=exc.started, error=str(exc))
             return self._result("failed", error=notices.failure_notice(exc))
+        except ContextFull:
+            return self._result("failed", error=notices.CONTEXT_FULL)
         except Exception as exc:  # a bug somewhere below; the run fails, the process lives on
             self.streaming = False
             self.log.exception("agent.run_crashed", error_type=type(exc).__name__)
@@ -165,6 +173,7 @@ class _Run:
         schemas = self.tools.schemas() or None
         for _ in range(max_iterations):
             await self._take_steered()
+            await self._fit(schemas)
             response = await self._call_model(self.history, schemas)
             if response.finish_reason in notices.CUT_NOTICES:
                 return self._cut_short(response)
@@ -203,8 +212,11 @@ class _Run:
         text = ""
         reasoning = ""
         try:
+            await self._fit(None)
             response = await self._call_model([*self.history, Message.user(SUMMARY_PROMPT)], None)
             text, reasoning = response.text, response.reasoning
+        except ContextFull:
+            self.log.warning("agent.summary_skipped", reason="context_full")
         except LLMError as exc:
             self.streaming = False
             self.log.warning("agent.summary_failed", kind=exc.kind, error=str(exc))
@@ -225,6 +237,11 @@ class _Run:
         for message in steered:
             self._append(message)
 
+    async def _fit(self, schemas: list[dict[str, Any]] | None) -> None:
+        """The pre-flight budget check; the run's own messages stay as they are for the caller."""
+        if self.preflight is not None:
+            self.history = await self.preflight.fit(self.history, len(self.new), schemas, log_=self.log)
+
     async def _call_model(self, messages: list[Message], tools: list[dict[str, Any]] | None) -> LLMResponse:
         self.partial_text.clear()
         self.partial_reasoning.clear()
@@ -233,6 +250,8 @@ class _Run:
         response = await self.model.complete(messages, tools, self._on_delta)
         self.streaming = False
         self.usage = self.usage + response.usage
+        if self.preflight is not None:
+            self.preflight.measured(response.usage.prompt_tokens, len(messages), estimated=response.usage.estimated)
         return response
 
     async def _on_delta(self, delta: StreamDelta) -> None:

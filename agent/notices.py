@@ -21,6 +21,13 @@ INTERNAL_ERROR = f"Sorry — something went wrong on my side while answering. {O
 LENGTH = "(The answer was cut off at the model's output limit. Ask me to continue if you want the rest.)"
 CONTENT_FILTER = "(The model's provider filtered this answer, so it may be incomplete.)"
 
+# The next request would not fit the model's context window even after compacting.
+CONTEXT_FULL = (
+    "Sorry — this request does not fit in the model's context window, even after summarizing the "
+    "conversation. Send /compact to condense the conversation further, /new to start a fresh one, "
+    "or send a shorter message."
+)
+
 # Finish reasons that end an answer early but still count as an answer, with their notice.
 CUT_NOTICES = {"length": LENGTH, "content_filter": CONTENT_FILTER}
 
@@ -55,6 +62,14 @@ def _what_happened(error: LLMError) -> str:
     if error.kind == "protocol":
         return "it sent a malformed stream. Please try again in a few minutes."
     return _AFTER.get(error.kind, _AFTER["server"])
+
+
+def context_warning(fill: float) -> str:
+    """The one line added under a reply once the context passes the warning share."""
+    return (
+        f"(Context {math.floor(fill * 100)}% full: older messages will be summarized soon. "
+        "/compact does it now, /new starts fresh.)"
+    )
 
 
 def _seconds(value: float) -> str:

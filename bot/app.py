@@ -30,6 +30,7 @@ from bot.gateway.run import RunDeps, RunExecutor
 from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
 from bot.mcp_servers import sandboxed, server_specs
+from bot.models import ModelCatalog, build_client, check_models
 from bot.pairing import ApprovalNotices, ChannelPairing, PairingStore
 from bot.sandboxing import build_sandbox, hidden_paths
 from bot.scheduled_runner import GatewayScheduledRunner
@@ -80,17 +81,11 @@ def llm_api_key(cfg: BotdConfig) -> str | None:
     return key
 
 
+
 def build_model(cfg: BotdConfig) -> LLMClient:
-    key = llm_api_key(cfg)
-    register_secret(key)
-    return LLMClient(
-        model=cfg.llm.model,
-        base_url=cfg.llm.base_url,
-        api_key=key,
-        max_output_tokens=cfg.llm.max_output_tokens,
-        request_timeout_s=cfg.llm.request_timeout_s,
-        max_retries=cfg.llm.max_retries,
-    )
+    """The client of the default model (``llm.model``)."""
+    llm_api_key(cfg)  # the default model's check, with the message start-up checks give
+    return build_client(cfg, cfg.llm.model)
 
 
 def declared_tools(cfg: BotdConfig, settings: ToolSettings) -> list[Tool]:
@@ -121,6 +116,7 @@ def check_config(cfg: BotdConfig, *, model: bool = True, channels: bool = True) 
     """
     if model:
         llm_api_key(cfg)
+        check_models(cfg)
     declared_tools(cfg, tool_settings(cfg))
     if channels:
         channel_settings(cfg)
@@ -178,20 +174,22 @@ class App:
         self.pairing = PairingStore(client, keys)
         notices = ApprovalNotices(client, keys, self.channels)
         self.broadcast.on(keys.pairing_events(), notices.on_event)
+        self.models = ModelCatalog(cfg, self.model)
         self.workspaces = SessionWorkspaces(self.tool_settings, cfg.agent.workspace_scope)
-        self.compactor = SessionCompactor(self.sessions, client, prefix, self.model, self.tool_settings, cfg)
+        self.compactor = SessionCompactor(
+            self.sessions, client, prefix, self.model, self.tool_settings, cfg, models=self.models.client
+        )
         self.executor = RunExecutor(
             RunDeps(
                 cfg=cfg, sessions=self.sessions, model=self.model, tools=self.tools,
                 tool_settings=self.tool_settings, channels=self.channels, ledger=self.ledger,
                 approvals=self.approvals, traces=self.traces, compactor=self.compactor,
-                redelivery=self.redelivery,
-                workspaces=self.workspaces,
+                redelivery=self.redelivery, models=self.models, workspaces=self.workspaces,
             )
         )
         self.control = ControlCommands(
             client, prefix, self.channels, self.sessions, self.approvals, self.ledger,
-            model=cfg.llm.model, context_window=cfg.llm.context_window, traces=self.traces,
+            models=self.models, compactor=self.compactor, traces=self.traces, workspaces=self.workspaces,
         )
 
         def lock_factory(session: str, on_lost: Callable[[], None]) -> SessionLock:

@@ -1,6 +1,8 @@
 """Session compaction in the daemon: when to compact a stored session, and storing it safely.
 
-The gateway calls :meth:`SessionCompactor.maybe_compact` after each run. Compaction
+The gateway calls :meth:`SessionCompactor.maybe_compact` after each run, and
+:meth:`SessionCompactor.compact_now` for ``/compact`` and before a model call that would
+not fit the window (``agent.budget``): the same flush and summary. Compaction
 takes minutes at worst (a flush of up to 90 s, a summary of up to 120 s), so it is
 guarded by its own short-lived Redis lock rather than relying on the caller, and
 its result is stored with a compare-and-replace on the history's length and
@@ -11,29 +13,59 @@ messages are never lost. Every failure leaves the session exactly as it was.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from agent.compaction import CompactionError, compact, should_compact
+from agent.budget import keep_for_target
+from agent.compaction import KEEP_LAST, CompactionError, compact, should_compact
+from agent.history import summary_messages
 from agent.llm_types import ChatModel, LLMError
 from agent.tokens import estimate_tokens
 from agent.tools.files import ReadFileTool, WriteFileTool
 from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings
 from agent.types import ToolPolicy, new_id
 from bot.config import BotdConfig
+from bot.models import ModelProfile
 from bot.store.keys import Keys
 from bot.store.locks import Lease
-from bot.store.sessions import SessionStore
+from bot.store.sessions import SessionSnapshot, SessionStore
 
 log = structlog.get_logger(__name__)
 
 # Longer than the flush (90 s) and the summary (120 s) together, with room for the store.
 LOCK_TTL_S: Final[float] = 300.0
 EXPECTED_FAILURES: Final = (LLMError, CompactionError, RedisError, OSError)
+
+
+CompactStatus = Literal["compacted", "in_progress", "nothing", "changed", "failed"]
+
+
+@dataclass(frozen=True)
+class CompactOutcome:
+    """What one compaction did; sizes are the 4-chars-per-token estimate of the stored
+    conversation (summary included), so before and after compare like for like."""
+
+    status: CompactStatus
+    before_messages: int = 0
+    before_tokens: int = 0
+    after_messages: int = 0
+    after_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def stored(self) -> bool:
+        return self.status == "compacted"
+
+
+def stored_tokens(messages: list[Any], summary: str | None) -> int:
+    """The estimate of a stored conversation as the next request carries it."""
+    pair = summary_messages(summary.strip()) if summary and summary.strip() else []
+    return estimate_tokens([*pair, *messages], include_tool_calls=True)
 
 
 def compaction_lock_key(keys: Keys, session_key: str) -> str:
@@ -56,6 +88,7 @@ class SessionCompactor:
         tools: ToolRegistry | None = None,
         lock_ttl_s: float = LOCK_TTL_S,
         clock: Callable[[], datetime] | None = None,
+        models: Callable[[str], ChatModel] | None = None,
     ) -> None:
         if lock_ttl_s < 240:
             raise ValueError(f"the compaction lock TTL must be at least 240 s, got {lock_ttl_s!r}")
@@ -63,6 +96,8 @@ class SessionCompactor:
         self.client = client
         self.keys = keys if isinstance(keys, Keys) else Keys(keys)
         self.model = model
+        # The client of a profile's model (``ModelCatalog.client``); without it, ``model`` for all.
+        self.models = models
         self.tool_settings = tool_settings
         self.cfg = cfg
         # The flush only ever gets read_file/write_file; these defaults are the built-in ones.
@@ -70,9 +105,70 @@ class SessionCompactor:
         self.lock_ttl_s = lock_ttl_s
         self.clock = clock or (lambda: datetime.now(UTC))
 
+    async def in_progress(self, session_key: str) -> bool:
+        """Some replica is compacting the session right now."""
+        return bool(await self.client.exists(compaction_lock_key(self.keys, session_key)))
+
+    def _model(self, profile: ModelProfile | None) -> tuple[ChatModel, int]:
+        if profile is None or self.models is None:
+            return self.model, profile.context_window if profile else self.cfg.llm.context_window
+        return self.models(profile.id), profile.context_window
+
+    async def compact_now(
+        self,
+        session_key: str,
+        *,
+        profile: ModelProfile | None = None,
+        focus: str | None = None,
+        keep_tokens: int | None = None,
+        settings: ToolSettings | None = None,
+    ) -> CompactOutcome:
+        """Compact the session now (``/compact``, or a request that would not fit).
+
+        Keeps the last 4 messages, or with ``keep_tokens`` as many recent ones as fit in
+        that many tokens. Never raises for a failed compaction; cancellation propagates.
+        """
+        bound = log.bind(session_key=session_key)
+        lease = Lease(self.client, compaction_lock_key(self.keys, session_key), ttl_s=self.lock_ttl_s, auto_renew=False)
+        try:
+            if not await lease.acquire(wait=False):
+                bound.info("compaction.skipped", reason="in_progress")
+                return CompactOutcome("in_progress")
+        except Exception as exc:
+            _log_failure(bound, "check", exc)
+            return CompactOutcome("failed", error=type(exc).__name__)
+        try:
+            snapshot = await self.sessions.snapshot(session_key)
+            count = len(snapshot.messages)
+            before = stored_tokens(snapshot.messages, snapshot.summary)
+            keep = KEEP_LAST
+            if keep_tokens is not None:
+                keep = keep_for_target(snapshot.messages, keep_tokens, max_keep=count - 1)
+            if count <= keep or count == 0:
+                return CompactOutcome("nothing", count, before, count, before)
+            stored = await self._store(
+                session_key, snapshot, bound, profile, settings, focus=focus, keep_last=keep
+            )
+            if not stored:
+                return CompactOutcome("changed", count, before, count, before)
+            after = await self.sessions.snapshot(session_key)
+            return CompactOutcome(
+                "compacted", count, before, len(after.messages), stored_tokens(after.messages, after.summary)
+            )
+        except Exception as exc:
+            _log_failure(bound, "compact", exc)
+            return CompactOutcome("failed", error=_short(exc))
+        finally:
+            await lease.release()
+
     async def maybe_compact(
-        self, session_key: str, last_prompt_tokens: int, *,
-        settings: ToolSettings | None = None, stored: tuple[int, int] | None = None
+        self,
+        session_key: str,
+        last_prompt_tokens: int,
+        profile: ModelProfile | None = None,
+        *,
+        settings: ToolSettings | None = None,
+        stored: tuple[int, int] | None = None,
     ) -> bool:
         """Compact ``session_key`` if it is due; True only when a compaction was stored.
 
@@ -81,8 +177,9 @@ class SessionCompactor:
         logged and the history stays untouched); cancellation propagates.
         """
         bound = log.bind(session_key=session_key)
+        window = self._model(profile)[1]
         try:
-            due, compactions = await self._due(session_key, last_prompt_tokens, stored)
+            due, compactions = await self._due(session_key, last_prompt_tokens, window, stored)
             if not due:
                 return False
             lease = Lease(
@@ -98,7 +195,7 @@ class SessionCompactor:
             _log_failure(bound, "check", exc)
             return False
         try:
-            return await self._compact(session_key, last_prompt_tokens, compactions, bound, settings)
+            return await self._compact(session_key, last_prompt_tokens, compactions, bound, profile, settings)
         except Exception as exc:
             _log_failure(bound, "compact", exc)
             return False
@@ -106,7 +203,7 @@ class SessionCompactor:
             await lease.release()
 
     async def _due(
-        self, session_key: str, last_prompt_tokens: int, stored: tuple[int, int] | None
+        self, session_key: str, last_prompt_tokens: int, window: int, stored: tuple[int, int] | None
     ) -> tuple[bool, int]:
         """Whether the stored session meets the trigger, and its compaction count so far."""
         if stored is not None:
@@ -119,20 +216,35 @@ class SessionCompactor:
         tokens = last_prompt_tokens
         if tokens <= 0 and count:  # no usage figure: estimate the stored history
             tokens = estimate_tokens(await self.sessions.history(session_key), include_tool_calls=True)
-        return should_compact(int(count), tokens, self.cfg.llm.context_window), int(compactions or 0)
+        return should_compact(int(count), tokens, window), int(compactions or 0)
 
     async def _compact(
         self, session_key: str, last_prompt_tokens: int, compactions: int, bound: Any,
-        settings: ToolSettings | None = None,
+        profile: ModelProfile | None, settings: ToolSettings | None = None,
     ) -> bool:
-        settings = settings or self.tool_settings  # the session's own directory: its MEMORY.md
         snapshot = await self.sessions.snapshot(session_key)
         if await self.sessions.compaction_count(session_key) != compactions:
             bound.info("compaction.skipped", reason="compacted_meanwhile")
             return False
-        if not should_compact(snapshot.stored_count, last_prompt_tokens, self.cfg.llm.context_window):
+        if not should_compact(snapshot.stored_count, last_prompt_tokens, self._model(profile)[1]):
             bound.info("compaction.skipped", reason="no_longer_due", messages=snapshot.stored_count)
             return False
+        return await self._store(session_key, snapshot, bound, profile, settings)
+
+    async def _store(
+        self,
+        session_key: str,
+        snapshot: SessionSnapshot,
+        bound: Any,
+        profile: ModelProfile | None,
+        settings: ToolSettings | None,
+        *,
+        focus: str | None = None,
+        keep_last: int = KEEP_LAST,
+    ) -> bool:
+        """Flush, summarize and replace; False when the history changed meanwhile."""
+        settings = settings or self.tool_settings  # the session's own directory: its MEMORY.md
+        model, window = self._model(profile)
         run_id = f"compaction-{new_id()}"
         bound = bound.bind(run_id=run_id)
         ctx = ToolContext(
@@ -144,14 +256,16 @@ class SessionCompactor:
         bound.info("compaction.started", messages=snapshot.stored_count, version=snapshot.version)
         result = await compact(
             snapshot.messages,
-            model=self.model,
+            model=model,
             tools=self.tools,
             ctx=ctx,
             workspace=settings.workspace,
             now=self.clock(),
             previous_summary=snapshot.summary,
             timezone=self.cfg.scheduler.timezone,
-            context_window_tokens=self.cfg.llm.context_window,
+            context_window_tokens=window,
+            keep_last=keep_last,
+            focus=focus,
         )
         stored = await self.sessions.replace_after_compaction(
             session_key,
@@ -173,11 +287,14 @@ class SessionCompactor:
         return True
 
 
+def _short(exc: Exception) -> str:
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
+
+
 def _log_failure(bound: Any, stage: str, exc: Exception) -> None:
     """Expected failures (model, timeout, Redis) as one line; anything else with its traceback."""
     if isinstance(exc, EXPECTED_FAILURES):
-        lines = str(exc).strip().splitlines()
-        error = f"{type(exc).__name__}: {lines[0][:300]}" if lines else type(exc).__name__
-        bound.warning("compaction.failed", stage=stage, error=error)
+        bound.warning("compaction.failed", stage=stage, error=_short(exc))
     else:
         bound.exception("compaction.failed", stage=stage, error_type=type(exc).__name__)

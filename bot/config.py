@@ -54,6 +54,27 @@ class AgentConfig(_Section):
     workspace_scope: Literal["user", "shared"] = "user"
 
 
+class PriceConfig(_Section):
+    """What a model costs, per million tokens (in whatever currency you bill in)."""
+
+    prompt_per_mtok: float = Field(0, ge=0)
+    completion_per_mtok: float = Field(0, ge=0)
+
+
+class ModelConfig(_Section):
+    """One entry of ``llm.models``; an unset key falls back to the ``llm`` section's value."""
+
+    context_window: int | None = Field(None, ge=1024)
+    max_output_tokens: int | None = Field(None, ge=1)
+    base_url: str | None = None
+    api_key: SecretStr | None = None
+    price: PriceConfig | None = None
+
+
+# A model id is sent to the API and typed after /model: printable, no spaces.
+_MODEL_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}$")
+
+
 class LLMConfig(_Section):
     base_url: str | None = None
     api_key: SecretStr | None = None
@@ -62,6 +83,25 @@ class LLMConfig(_Section):
     max_output_tokens: int = Field(4096, ge=1)
     request_timeout_s: float = Field(120, gt=0)
     max_retries: int = Field(3, ge=0, le=10)
+    price: PriceConfig | None = None  # of llm.model, unless llm.models lists it with its own
+    models: dict[str, ModelConfig] = Field(default_factory=dict)
+
+    @field_validator("models", mode="before")
+    @classmethod
+    def _model_entries(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: ({} if v is None else v) for k, v in value.items()}
+        return value
+
+    @model_validator(mode="after")
+    def _check_ids(self) -> LLMConfig:
+        for key, model_id in (("llm.model", self.model), *(("llm.models", m) for m in self.models)):
+            if not _MODEL_ID.match(model_id):
+                raise ValueError(
+                    f"{key}: {model_id[:60]!r} is not a usable model id "
+                    "(letters, digits and . _ : / @ + -, no spaces, at most 200 characters)"
+                )
+        return self
 
 
 class RedisConfig(_Section):

@@ -151,6 +151,8 @@ class Daemon:
         await self._lag.stop()
         if app is not None:
             await app.broadcast.close()
+            with contextlib.suppress(Exception):
+                await app.models.aclose()
             close = getattr(app.model, "aclose", None)
             if close is not None:
                 with contextlib.suppress(Exception):

@@ -9,6 +9,7 @@ its fix on the same line. Exit 1 when any check failed, else 0 (warnings do not 
 from __future__ import annotations
 
 import asyncio
+import functools
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -142,6 +143,19 @@ async def _mcp(cfg: BotdConfig, sandbox: Sandbox | None) -> list[Finding]:
     ]
 
 
+async def _other_models(cfg: BotdConfig) -> list[Finding]:
+    """The models a chat may switch to with ``/model``, each on its own endpoint and key."""
+    from bot.models import model_api_key, model_profile
+
+    findings = []
+    for model_id in cfg.llm.models:
+        if model_id != cfg.llm.model:
+            base_url = model_profile(cfg, model_id).base_url
+            probe = functools.partial(probe_llm, base_url, model_api_key(cfg, model_id), model_id)
+            findings.append(await _live(f"llm {model_id}", probe))
+    return findings
+
+
 async def run_checks(cfg: BotdConfig) -> list[Finding]:
     """Every finding, in a stable order; assumes :func:`check_config` passed."""
     source = str(cfg.source) if cfg.source is not None else "no file (defaults and environment)"
@@ -150,6 +164,7 @@ async def run_checks(cfg: BotdConfig) -> list[Finding]:
     findings.append(await _redis(cfg))
     api_key = _secret(cfg.llm.api_key) or None
     findings.append(await _live("llm", lambda: probe_llm(cfg.llm.base_url, api_key, cfg.llm.model)))
+    findings.extend(await _other_models(cfg))
     findings.extend(await _telegram(cfg))
     findings.extend(await _slack(cfg))
     findings.extend(_heartbeat(cfg))

@@ -20,6 +20,12 @@ Scope = Literal["dm", "group", "channel"]
 ThreadKind = Literal["thread", "topic"]
 
 
+# ``RunRequest.meta`` key a channel sets when the sender was admitted (e.g. as a member of
+# an allowed group) but is not one of its listed users: such senders may talk to the bot
+# and use its commands, but not switch the model (``/model ID``).
+UNLISTED = "unlisted"
+
+
 @dataclass(frozen=True)
 class Target:
     """Where a reply goes: a chat, optionally a thread/topic, optionally as a reply to a message."""

@@ -3,12 +3,15 @@
 Modules, in the order a message meets them (DESIGN.md §2):
 
 - ``gateway.py``   ``Gateway.submit()``: intake, dedupe, control commands, enqueue.
-- ``control.py``   control commands (/stop, /new, /status, …): parsed and answered at once.
+- ``control.py``   control commands (/stop, /new, /status, /compact, /model, /usage, …):
+                   parsed and answered at once (/compact in the background).
 - ``inbox.py``     the per-session inboxes in Redis (waiting → running → finished).
 - ``worker.py``    serving a session: lock, drain, run, sweep; ``SessionRun`` owns one
                    run's cancellation and steering.
 - ``run.py``       one batch as one run: resume a saved result, prepare, run the agent
                    (``RunObserver`` watches its events), finish.
+- ``context.py``   the session's context: its fill, and the compaction hook a run's
+                   pre-flight budget check calls (``agent.budget``).
 - ``reply.py``     live previews and exactly-once delivery (``DeliveryLedger``).
 - ``redelivery.py`` parts whose send failed, retried with backoff by any replica for a
                    bounded time, then given up and the chat told once.

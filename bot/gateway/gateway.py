@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -26,6 +26,7 @@ from bot.gateway.run import RunExecutor
 from bot.gateway.signals import Broadcast, CancelSignals, OutcomeBoard
 from bot.gateway.worker import LockFactory, SessionRun, Workers
 from bot.store.keys import Keys
+from bot.store.locks import SessionLock
 from channels.base import ChannelAdapter, SubmitResult, Target
 
 log = structlog.get_logger(__name__)
@@ -55,6 +56,7 @@ class Gateway:
         self.ledger = ledger
         self.control = control
         self._keys = Keys(prefix)
+        self._lock_factory = lock_factory
         self.workers = Workers(
             cfg, client, executor, channels, self.inbox, self.cancel, self.outcomes, ledger, lock_factory
         )
@@ -74,6 +76,7 @@ class Gateway:
         start) runs them again: nothing accepted is lost.
         """
         self._closing = True
+        await self.control.aclose()
         await self.workers.shutdown(grace_s)
 
     # ---- intake ------------------------------------------------------------------------
@@ -139,6 +142,15 @@ class Gateway:
         if session_key in self.workers.active:
             return True
         return bool(await self._r.exists(self._keys.lock(session_key)))
+
+    def session_lock(self, session_key: str, on_lost: Callable[[], None]) -> SessionLock:
+        """The session's run lock, for work that must not overlap a run (``/compact``)."""
+        return self._lock_factory(session_key, on_lost)
+
+    def kick(self, session_key: str) -> None:
+        """Serve the session now (its messages may have waited for the lock)."""
+        if not self._closing:
+            self.workers.kick(session_key)
 
     def busy_locally(self) -> bool:
         return self.workers.busy()

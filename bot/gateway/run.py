@@ -25,8 +25,8 @@ from zoneinfo import ZoneInfo
 import structlog
 
 from agent import notices
+from agent.budget import Preflight
 from agent.guard import apply_guard
-from agent.history import prepare_history
 from agent.llm_types import ChatModel
 from agent.loop import RunCancelled, run_loop
 from agent.prompt import PromptSpec, build_system_prompt
@@ -44,13 +44,16 @@ from agent.types import (
 )
 from bot import metrics
 from bot.config import BotdConfig
+from bot.gateway.context import RunContext, baseline_for
 from bot.gateway.reply import DeliveryLedger, Reply, notify
+from bot.models import ModelCatalog, ModelProfile
 from bot.store.sessions import SessionStore
 from bot.tracing import Span, Trace, TraceStore, TracingModel, clip, verbose
 from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
+    from bot.compactor import SessionCompactor
     from bot.gateway.approvals import Approvals
     from bot.gateway.redelivery import Redelivery
 
@@ -62,14 +65,6 @@ OutcomeStatus = Literal["completed", "failed", "cancelled", "timeout", "max_iter
 FOLD: Final = "fold"
 # Cancellations after which the batch is run again (elsewhere, or folded) rather than recorded.
 RETRY_REASONS = frozenset({"shutdown", "lock_lost", FOLD})
-
-
-
-class Compactor(Protocol):
-    async def maybe_compact(
-        self, session_key: str, last_prompt_tokens: int, *,
-        settings: ToolSettings | None = None, stored: tuple[int, int] | None = None
-    ) -> bool: ...
 
 
 class RunControl(Protocol):
@@ -110,10 +105,17 @@ class RunDeps:
     ledger: DeliveryLedger
     approvals: Approvals
     traces: TraceStore
-    compactor: Compactor | None = None
+    compactor: SessionCompactor | None = None
     redelivery: Redelivery | None = None
     workspaces: SessionWorkspaces | None = None  # None: every run uses tool_settings as is
     tool_extra: dict[str, Any] = field(default_factory=dict)
+    models: ModelCatalog | None = None  # None: only ``model``, with the llm section's limits
+
+    @property
+    def catalog(self) -> ModelCatalog:
+        if self.models is None:
+            self.models = ModelCatalog(self.cfg, self.model)
+        return self.models
 
 
 @dataclass
@@ -126,6 +128,11 @@ class _Turn:
     trace: Trace
     reply: Reply
     bound: Any
+    context: RunContext | None = None
+
+    @property
+    def profile(self) -> ModelProfile | None:
+        return self.context.profile if self.context is not None else None
 
     @property
     def first(self) -> RunRequest:
@@ -218,8 +225,13 @@ class RunExecutor:
         user_messages = await self._guarded(turn.batch, turn.channel, turn.target)
         if not user_messages:
             return RunOutcome(turn.run_id, "blocked", "none", "blocked by the input guard")
-        messages = await self._prepare(turn, user_messages)
-        model = TracingModel(self.deps.model, turn.trace, self.deps.cfg.llm.model)
+        profile = await self.deps.catalog.for_session(self.deps.sessions, turn.session_key)
+        turn.context = RunContext(
+            self.deps.sessions, self.deps.compactor, turn.session_key, profile, self.deps.cfg.agent.history_turns,
+            settings=self._settings(turn.last),
+        )
+        messages = await self._prepare(turn, user_messages, turn.context)
+        model = TracingModel(self.deps.catalog.client(profile.id), turn.trace, profile.id)
         try:
             result = await self._run_agent(turn, control, messages, model)
         except RunCancelled as cancelled:
@@ -237,20 +249,14 @@ class RunExecutor:
         await self.deps.sessions.append(turn.session_key, turn.run_id, saved.messages)
         return RunOutcome(turn.run_id, _status(saved), delivery, saved.error, saved.text)
 
-    async def _prepare(self, turn: _Turn, user_messages: list[Message]) -> list[Message]:
+    async def _prepare(self, turn: _Turn, user_messages: list[Message], context: RunContext) -> list[Message]:
         """The model's input: system prompt, the prepared history, the new user messages."""
-        deps = self.deps
         if verbose():
             turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
-        history, summary = await deps.sessions.context(turn.session_key)
-        prepared = prepare_history(
-            history,
-            history_turns=deps.cfg.agent.history_turns,
-            context_window_tokens=deps.cfg.llm.context_window,
-            summary=summary,
+        system = build_system_prompt(
+            self._prompt_spec(turn.last, self._settings(turn.last).workspace, context.profile.id)
         )
-        system = build_system_prompt(self._prompt_spec(turn.last, self._settings(turn.last).workspace))
-        return [Message.system(system), *prepared, *user_messages]
+        return await context.request(user_messages, Message.system(system))
 
     async def _run_agent(
         self, turn: _Turn, control: RunControl, messages: list[Message], model: TracingModel
@@ -278,6 +284,14 @@ class RunExecutor:
                   "user_id": last.user_id},
             extra={**deps.tool_extra, "user_id": last.user_id, "user_name": last.user_name},
         )
+        preflight = None
+        if turn.context is not None:
+            usage = await deps.sessions.usage(turn.session_key)
+            preflight = Preflight(
+                turn.context.budget,
+                compact=turn.context.compact if deps.compactor is not None else None,
+                baseline=baseline_for(usage, messages, len(turn.context.user_messages)),
+            )
         await turn.reply.start()
         return await run_loop(
             messages,
@@ -289,6 +303,7 @@ class RunExecutor:
             steer=steer_messages,
             approve=approve,
             max_iterations=deps.cfg.agent.max_iterations,
+            preflight=preflight,
         )
 
     async def _cancelled(
@@ -300,7 +315,9 @@ class RunExecutor:
         if reason not in RETRY_REASONS:
             # Stopped by the user or timed out: what happened so far stays in history.
             # Otherwise the batch is retried whole, so nothing is recorded now.
-            await asyncio.shield(self._persist(turn.session_key, turn.run_id, user_messages, partial, model))
+            await asyncio.shield(
+                self._persist(turn.session_key, turn.run_id, user_messages, partial, model, turn.profile)
+            )
         if reason == "timeout" and turn.first.kind == "chat":
             # A /stop is answered by its command; a timeout would otherwise end in silence.
             await asyncio.shield(
@@ -319,20 +336,38 @@ class RunExecutor:
             turn.bound.warning("run.llm_failed", error=detail)
             await turn.reply.abandon()
             await notify(turn.channel, turn.target, deps.ledger, run_id, "error", result.error or notices.INTERNAL_ERROR)
-            await self._persist(session_key, run_id, user_messages, result, model)
+            await self._persist(session_key, run_id, user_messages, result, model, turn.profile)
             return RunOutcome(run_id, "failed", "none", detail)
 
-        await deps.ledger.save_result(run_id, result.model_copy(update={"messages": user_messages + result.messages}))
-        delivery = await turn.reply.finish(result.text)
-        stored = await self._persist(session_key, run_id, user_messages, result, model)
+        text = result.text + await self._context_notice(turn, model)
+        saved = result.model_copy(update={"messages": user_messages + result.messages, "text": text})
+        await deps.ledger.save_result(run_id, saved)
+        delivery = await turn.reply.finish(text)
+        stored = await self._persist(session_key, run_id, user_messages, result, model, turn.profile)
         if deps.compactor is not None:
             try:
                 await deps.compactor.maybe_compact(
-                    session_key, model.last_prompt_tokens, settings=self._settings(turn.last), stored=stored
+                    session_key, model.last_prompt_tokens, turn.profile,
+                    settings=self._settings(turn.last), stored=stored,
                 )
             except Exception as exc:
                 turn.bound.warning("compaction.failed", error=str(exc))
         return RunOutcome(run_id, _status(result), delivery, result.error, result.text)
+
+    async def _context_notice(self, turn: _Turn, model: TracingModel) -> str:
+        """The line added under a chat reply when the context passed the warning share
+        (once, until it drops below again); empty otherwise."""
+        if turn.first.kind != "chat" or turn.context is None or not model.usages:
+            return ""
+        last = model.usages[-1]
+        tokens = last.prompt_tokens + last.completion_tokens
+        budget = turn.context.budget
+        try:
+            first = await self.deps.sessions.note_context_warning(turn.session_key, budget.should_warn(tokens))
+        except Exception as exc:
+            turn.bound.warning("context.warning_failed", error=str(exc))
+            return ""
+        return f"\n\n{notices.context_warning(budget.fill(tokens))}" if first else ""
 
     async def _guarded(self, batch: list[RunRequest], channel: ChannelAdapter, target: Target) -> list[Message]:
         """Apply the input guard to each message; blocked ones are answered and left out."""
@@ -349,19 +384,32 @@ class RunExecutor:
         return out
 
     async def _persist(
-        self, session_key: str, run_id: str, user_messages: list[Message], result: RunResult, model: TracingModel
+        self,
+        session_key: str,
+        run_id: str,
+        user_messages: list[Message],
+        result: RunResult,
+        model: TracingModel,
+        profile: ModelProfile | None = None,
     ) -> tuple[int, int]:
         """Append the run and its usage (one record per LLM call, so "last prompt" is the
-        last call's, not the run's sum); the stored message and compaction counts after."""
+        last call's, not the run's sum) and its cost; the stored message and compaction counts after."""
+        sessions = self.deps.sessions
         usages = [(u.prompt_tokens, u.completion_tokens) for u in model.usages]
-        return await self.deps.sessions.record_run(session_key, run_id, user_messages + result.messages, usages)
+        stored = await sessions.record_run(session_key, run_id, user_messages + result.messages, usages)
+        if usages:
+            prompt = sum(p for p, _ in usages)
+            completion = sum(c for _, c in usages)
+            cost = profile.cost(prompt, completion) if profile is not None else None
+            await sessions.record_run_cost(session_key, run_id, prompt, completion, cost)
+        return stored
 
     def _settings(self, req: RunRequest) -> ToolSettings:
         """The tool settings of ``req``'s session directory (``agent.workspace_scope``)."""
         workspaces = self.deps.workspaces
         return workspaces.settings_for(req) if workspaces else self.deps.tool_settings
 
-    def _prompt_spec(self, req: RunRequest, session_workspace: Path) -> PromptSpec:
+    def _prompt_spec(self, req: RunRequest, session_workspace: Path, model_id: str) -> PromptSpec:
         cfg = self.deps.cfg
         tz_name = cfg.heartbeat.timezone if req.kind == "heartbeat" else cfg.scheduler.timezone
         tools = self.deps.tools
@@ -375,7 +423,7 @@ class RunExecutor:
             now=datetime.now(UTC).astimezone(ZoneInfo(tz_name)),
             timezone=tz_name,
             agent_id=cfg.agent.id,
-            model=cfg.llm.model,
+            model=model_id,
             session_workspace=session_workspace,
         )
 

@@ -84,6 +84,8 @@ redis.call('DEL', messages)
 cap(push_from(10), tonumber(ARGV[9]))
 redis.call('SET', summary, ARGV[8])
 redis.call('HINCRBY', meta, 'compactions', 1)
+-- The last call's usage measured the old history: the next estimate must not start from it.
+redis.call('HSET', meta, 'last_prompt_tokens', 0, 'last_completion_tokens', 0)
 redis.call('HSET', meta, 'last_compaction_at', ARGV[2])
 touch(true)
 return 1
@@ -119,6 +121,24 @@ end
 redis.call('HSET', meta, 'last_prompt_tokens', ARGV[6], 'last_completion_tokens', ARGV[7])
 redis.call('HINCRBY', meta, 'total_prompt_tokens', ARGV[6])
 redis.call('HINCRBY', meta, 'total_completion_tokens', ARGV[7])
+touch(false)
+return 1
+"""
+)
+
+# ARGV[6] = the run's prompt tokens, ARGV[7] = its completion tokens, ARGV[8] = its cost
+# or ''. 1 = recorded, 0 = already applied.
+RECORD_RUN = (
+    _PRELUDE
+    + """
+if applied() then
+  return 0
+end
+redis.call('HSET', meta, 'last_run_prompt_tokens', ARGV[6], 'last_run_completion_tokens', ARGV[7],
+           'last_run_cost', ARGV[8])
+if ARGV[8] ~= '' then
+  redis.call('HINCRBYFLOAT', meta, 'total_cost', ARGV[8])
+end
 touch(false)
 return 1
 """

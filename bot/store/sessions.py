@@ -32,12 +32,17 @@ DEFAULT_OPS_BOUND = 128  # small enough for a compact listpack-encoded sorted se
 
 
 class SessionUsage(BaseModel):
-    """Tokens of the last LLM call and totals since the session began (totals survive /new)."""
+    """Tokens of the last LLM call, of the last run, and totals since the session began
+    (totals survive /new). Costs are None until a priced model was used."""
 
     last_prompt_tokens: int = 0
     last_completion_tokens: int = 0
     total_prompt_tokens: int = 0
     total_completion_tokens: int = 0
+    last_run_prompt_tokens: int = 0
+    last_run_completion_tokens: int = 0
+    last_run_cost: float | None = None
+    total_cost: float | None = None
 
 
 class SessionInfo(BaseModel):
@@ -95,6 +100,7 @@ class SessionStore:
         self._replace = client.register_script(session_scripts.REPLACE_AFTER_COMPACTION)
         self._reset = client.register_script(session_scripts.RESET)
         self._usage = client.register_script(session_scripts.RECORD_USAGE)
+        self._run_usage = client.register_script(session_scripts.RECORD_RUN)
 
     async def append(self, session_key: str, run_id: str, messages: Sequence[Message]) -> bool:
         """Append a run's messages, all or nothing. False when this run id was already applied.
@@ -208,6 +214,40 @@ class SessionStore:
         args = [*self._common(op, session_key), prompt_tokens, completion_tokens]
         return bool(await self._usage(keys=self._session_keys(session_key), args=args))
 
+    async def record_run_cost(
+        self, session_key: str, run_id: str, prompt_tokens: int, completion_tokens: int, cost: float | None
+    ) -> bool:
+        """Record a whole run's tokens (``/usage``'s "last run") and add its cost, once per run."""
+        if min(prompt_tokens, completion_tokens) < 0 or (cost is not None and cost < 0):
+            raise ValueError("run usage must not be negative")
+        args = [
+            *self._common(f"run:{run_id}", session_key), prompt_tokens, completion_tokens,
+            "" if cost is None else repr(float(cost)),
+        ]
+        return bool(await self._run_usage(keys=self._session_keys(session_key), args=args))
+
+    async def model(self, session_key: str) -> str | None:
+        """The model this session switched to (``/model``), None for the default."""
+        value = await self._client.hget(self._keys.session_meta(session_key), "model")
+        return str(value) if value else None
+
+    async def set_model(self, session_key: str, model_id: str) -> None:
+        """Remember the session's model; it survives ``/new`` like the usage totals."""
+        meta = self._keys.session_meta(session_key)
+        pipe = self._client.pipeline(transaction=True)
+        pipe.hset(meta, "model", model_id)
+        pipe.expire(meta, self.ttl_s)
+        await pipe.execute()
+
+    async def note_context_warning(self, session_key: str, over: bool) -> bool:
+        """Track the context warning: True when ``over`` is new (warn now), False when the
+        chat was already warned or the context is below the line (which re-arms it)."""
+        meta = self._keys.session_meta(session_key)
+        if not over:
+            await self._client.hdel(meta, "context_warned")
+            return False
+        return bool(await self._client.hsetnx(meta, "context_warned", "1"))
+
     async def usage(self, session_key: str) -> SessionUsage:
         meta = await self._client.hgetall(self._keys.session_meta(session_key))
         return _usage_of(meta)
@@ -291,7 +331,18 @@ def _usage_of(meta: Mapping[Any, Any]) -> SessionUsage:
         last_completion_tokens=int(meta.get("last_completion_tokens", 0)),
         total_prompt_tokens=int(meta.get("total_prompt_tokens", 0)),
         total_completion_tokens=int(meta.get("total_completion_tokens", 0)),
+        last_run_prompt_tokens=int(meta.get("last_run_prompt_tokens", 0)),
+        last_run_completion_tokens=int(meta.get("last_run_completion_tokens", 0)),
+        last_run_cost=_float(meta.get("last_run_cost")),
+        total_cost=_float(meta.get("total_cost")),
     )
+
+
+def _float(value: Any) -> float | None:
+    try:
+        return float(value) if value not in (None, "") else None
+    except (TypeError, ValueError):
+        return None
 
 
 def _info_of(session_key: str, count: int, meta: Mapping[Any, Any], has_summary: bool) -> SessionInfo:

@@ -24,7 +24,7 @@ log = structlog.get_logger(__name__)
 
 APPROVE_ACTION = "botd_approve"
 DENY_ACTION = "botd_deny"
-USAGE = "Usage: /botd stop | stopall | new | status | help"
+USAGE = "Usage: /botd stop | stopall | new | status | compact [focus] | model [id] | usage | help"
 
 _SUBCOMMANDS = {
     "stop": ("/stop", "Stopping the current run…"),
@@ -32,9 +32,16 @@ _SUBCOMMANDS = {
     "new": ("/new", "Starting a fresh session…"),
     "reset": ("/new", "Starting a fresh session…"),
     "status": ("/status", "Checking…"),
+    "compact": ("/compact", "Compacting the conversation…"),
+    "model": ("/model", "Checking the models…"),
+    "usage": ("/usage", "Checking…"),
     "help": ("/help", "Listing the commands…"),
     "": ("/help", "Listing the commands…"),
 }
+# Subcommands that take text after them: free text (a focus), or one word (a model id).
+_FREE_TEXT = frozenset({"compact"})
+_ONE_WORD = frozenset({"model"})
+_MAX_ARG_CHARS = 500
 _APPROVAL_ID = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -98,13 +105,16 @@ class CommandIntake:
         if not policy.admits(is_dm=channel.startswith("D"), channel_id=channel, user_id=user):
             log.info("slack.command_denied", channel=channel, user=user)
             return CommandPlan("You are not allowed to control this bot here.", rejected="denied")
-        word = _str(body.get("text")).strip().lower()
-        if word not in _SUBCOMMANDS:
-            return CommandPlan(f"Unknown command “{word[:40]}”. {USAGE}", rejected="unknown")
+        text = _str(body.get("text")).strip()
+        words = text.split()
+        word, rest = (words[0].lower() if words else ""), " ".join(words[1:])
+        takes = 0 if word not in _FREE_TEXT | _ONE_WORD else (1 if word in _ONE_WORD else _MAX_ARG_CHARS)
+        if word not in _SUBCOMMANDS or len(words) - 1 > takes or len(rest) > _MAX_ARG_CHARS:
+            return CommandPlan(f"Unknown command “{text[:40]}”. {USAGE}", rejected="unknown")
         control, ack = _SUBCOMMANDS[word]
         return CommandPlan(
             ack_text=ack,
-            control=control,
+            control=f"{control} {rest}" if rest else control,
             team=_str(body.get("team_id")) or self._team,
             channel=channel,
             user=user,

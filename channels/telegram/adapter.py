@@ -23,7 +23,7 @@ from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, T
 from telegram.request import HTTPXRequest
 
 from agent.types import RunRequest, TelegramChat
-from channels.base import ChannelContext, ChannelStartError, PairingGate, ReplyStream, Target
+from channels.base import UNLISTED, ChannelContext, ChannelStartError, PairingGate, ReplyStream, Target
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
     CONTROL_COMMANDS,
@@ -343,6 +343,7 @@ class TelegramChannel:
             reply_to=inbound.message_id,
             dedupe_key=dedupe,
             chat=TelegramChat(chat_type=inbound.chat_type, is_forum=inbound.is_forum),
+            meta={} if inbound.listed else {UNLISTED: "1"},
         )
 
     async def _answer_callback(self, callback_id: str, text: str | None) -> None:

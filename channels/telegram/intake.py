@@ -32,7 +32,9 @@ from telegram import CallbackQuery, Chat, Message, MessageEntity, Update, User
 from channels.telegram.settings import TelegramSettings
 
 DM_NOT_ALLOWED = "sender not allowed"
-CONTROL_COMMANDS = frozenset({"stop", "stopall", "new", "status", "help", "approve", "deny"})
+CONTROL_COMMANDS = frozenset(
+    {"stop", "stopall", "new", "status", "help", "approve", "deny", "compact", "model", "usage"}
+)
 APPROVAL_DATA = re.compile(r"^ap:([A-Za-z0-9_-]{1,48}):([yn])$")
 
 
@@ -65,6 +67,9 @@ class Inbound:
     message_id: str | None
     callback_id: str | None = None
     decision: Literal["approve", "deny"] | None = None
+    # The sender passes the strict check approvals use (listed, when there is an allowlist);
+    # a group admits every member, but only listed users may change what the bot costs (/model).
+    listed: bool = True
 
 
 @dataclass(frozen=True)
@@ -196,6 +201,7 @@ def normalize_message(
         username=user.username,
         text=text,
         message_id=str(msg.message_id),
+        listed=access.approver_allowed(user, chat),
     )
 
 

@@ -54,6 +54,7 @@ U_APPROVE = 2011
 U_COMMANDS = 2012
 U_GROUP = 2013  # talks in the groups
 U_HOOK = 2014
+U_CONTEXT = 2015
 STRANGER = 6666  # not in allow_from
 
 G_MENTION = -1001001
@@ -73,6 +74,7 @@ ALLOWED = [
     U_COMMANDS,
     U_GROUP,
     U_HOOK,
+    U_CONTEXT,
 ]
 GROUPS = [G_MENTION, G_FORUM]
 
@@ -208,7 +210,11 @@ def botd_config(
         )
     return {
         "agent": {"workspace": str(workdir / "ws")},
-        "llm": {"base_url": llm.base_url, "api_key": "test-key", "max_retries": 0, "request_timeout_s": 30},
+        "llm": {
+            "base_url": llm.base_url, "api_key": "test-key", "max_retries": 0, "request_timeout_s": 30,
+            "models": {"gpt-4o": {"context_window": 64000, "max_output_tokens": 2048,
+                                  "price": {"prompt_per_mtok": 1.0, "completion_per_mtok": 2.0}}},
+        },
         "redis": {"url": redis_url, "prefix": f"e2etg{mode}{uuid.uuid4().hex[:8]}"},
         "http": {"port": port},
         "telegram": telegram,
@@ -486,6 +492,34 @@ async def test_admin_tool_asks_with_buttons_and_runs_once_approved(bot: Bot) -> 
     second = bot.requests_for("case-approve")[1]
     tool_results = [m for m in second["messages"] if m["role"] == "tool"]
     assert tool_results and "admin-says approved-payload" in str(tool_results[-1]["content"])
+
+
+async def test_model_usage_and_the_command_menu(bot: Bot) -> None:
+    menu = [c["command"] for c in bot.tg.commands]
+    assert {"compact", "model", "usage"} <= set(menu)
+
+    await bot.send(bot.dm(U_CONTEXT, "/model"))
+    listing = await bot.wait_text(U_CONTEXT, "Models")
+    assert "gpt-4o-mini (128,000 tokens of context) — current" in listing.text and "gpt-4o (64,000" in listing.text
+    await bot.send(bot.dm(U_CONTEXT, "/model gpt-4o"))
+    await bot.wait_text(U_CONTEXT, "now uses gpt-4o")
+
+    usage = {"prompt_tokens": 3_000, "completion_tokens": 500, "total_tokens": 3_500}
+    bot.router.on("case-context", Reply.text("On the bigger model.", usage=usage))
+    await bot.send(bot.dm(U_CONTEXT, "case-context which model?"))
+    await bot.wait_runs(dm_key(U_CONTEXT))
+    [request] = bot.requests_for("case-context")
+    assert request["model"] == "gpt-4o" and request["max_tokens"] == 2048
+
+    await bot.send(bot.dm(U_CONTEXT, "/usage"))
+    report = await bot.wait_text(U_CONTEXT, "Last run:")
+    assert "Model: gpt-4o\n" in report.text
+    assert "Last run: 3,000 prompt + 500 completion tokens" in report.text
+    assert "Context: about 3,500 of 64,000 tokens (5%)" in report.text
+    assert "Cost: 0.0040 last run, 0.0040 total" in report.text
+
+    await bot.send(bot.dm(U_CONTEXT, "/compact"))
+    await bot.wait_text(U_CONTEXT, "Nothing to compact yet: 2 message(s)")
 
 
 async def test_new_status_and_help_are_answered(bot: Bot) -> None:

@@ -471,3 +471,28 @@ async def test_an_append_during_compaction_makes_the_replace_refuse(
     assert await sessions.history(SK) == history + late
     assert await sessions.summary(SK) is None
     assert await sessions.compaction_count(SK) == 0
+
+
+async def test_the_flush_sees_the_newest_messages_that_fit_the_window(
+    fake: FakeOpenAI, llm: LLMClient, settings: ToolSettings, workspace: Path
+) -> None:
+    from agent.compaction import compact
+
+    history = [
+        Message.user(f"old fact {i} " + "x" * 4000) if i % 2 == 0 else Message.assistant(f"noted {i}")
+        for i in range(20)
+    ] + [Message.user("the newest fact"), Message.assistant("noted")]
+    fake.script(Reply.text("NO_REPLY"), Reply.text("- summary"))
+
+    result = await compact(
+        history, model=llm, tools=ToolRegistry([ReadFileTool(), WriteFileTool()]), ctx=flush_ctx(settings),
+        workspace=workspace, now=datetime.now(UTC), previous_summary="- earlier", context_window_tokens=4096,
+    )
+
+    assert result.flushed and result.summary == "- summary"
+    flush = fake.requests[0]["messages"]
+    text = json.dumps(flush)
+    assert len(text) // 4 < 4096  # the flush request itself fits the window
+    assert "- earlier" in flush[1]["content"]  # the previous summary stays in view
+    assert "the newest fact" in text and "old fact 0 " not in text
+    assert "old fact 0 " in fake.requests[1]["messages"][-1]["content"]  # the summary still covers it

@@ -284,3 +284,43 @@ def test_store_settings_are_validated(redis_client: aioredis.Redis, keys: Keys) 
         SessionStore(redis_client, keys, max_messages=0)
     with pytest.raises(ValueError):
         SessionStore(redis_client, keys, ttl_s=0)
+
+
+async def test_run_usage_and_cost_are_recorded_once_per_run(store: SessionStore) -> None:
+    assert await store.record_run_cost(SK, "run-1", 1000, 50, 0.0025) is True
+    assert await store.record_run_cost(SK, "run-1", 1000, 50, 0.0025) is False  # a retry
+    assert await store.record_run_cost(SK, "run-2", 300, 20, None) is True  # an unpriced model
+    usage = await store.usage(SK)
+    assert (usage.last_run_prompt_tokens, usage.last_run_completion_tokens) == (300, 20)
+    assert usage.last_run_cost is None and usage.total_cost == pytest.approx(0.0025)
+    await store.record_run_cost(SK, "run-3", 10, 1, 0.5)
+    assert (await store.usage(SK)).total_cost == pytest.approx(0.5025)
+    with pytest.raises(ValueError):
+        await store.record_run_cost(SK, "run-4", -1, 0, None)
+
+
+async def test_the_model_choice_survives_new_and_expires_with_the_session(
+    store: SessionStore, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    assert await store.model(SK) is None
+    await store.set_model(SK, "gpt-4o")
+    assert await redis_client.ttl(keys.session_meta(SK)) > 0
+    await store.append(SK, "run-1", [Message.user("hi")])
+    await store.reset(SK)
+    assert await store.model(SK) == "gpt-4o"
+
+
+async def test_the_context_warning_is_given_once_until_the_context_drops(store: SessionStore) -> None:
+    assert await store.note_context_warning(SK, True) is True
+    assert await store.note_context_warning(SK, True) is False
+    assert await store.note_context_warning(SK, False) is False
+    assert await store.note_context_warning(SK, True) is True
+
+
+async def test_compaction_forgets_the_last_calls_usage(store: SessionStore) -> None:
+    await store.append(SK, "run-1", [Message.user(str(i)) for i in range(6)])
+    await store.record_usage(SK, 90_000, 500)
+    assert await store.replace_after_compaction(SK, "sum", [Message.user("5")], expected_len=6)
+    usage = await store.usage(SK)
+    assert (usage.last_prompt_tokens, usage.last_completion_tokens) == (0, 0)
+    assert usage.total_prompt_tokens == 90_000

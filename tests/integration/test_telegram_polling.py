@@ -218,3 +218,17 @@ async def test_botd_run_with_a_rejected_token_prints_one_line_and_exits_2(
     assert lines == ["botd: the Bot API rejected telegram.token; check the token"]
     assert "Traceback" not in err
     assert "wrong-token-value" not in err
+
+
+async def test_the_command_menu_carries_the_context_commands_once(h: TelegramHarness) -> None:
+    from bot.gateway.control import COMMANDS
+
+    h.recorder.commands = COMMANDS
+    first = await h.channel()
+    await h.fake.wait_calls("setMyCommands")
+    names = [c["command"] for c in h.fake.commands]
+    assert {"compact", "model", "usage", "stop", "status", "help"} <= set(names)
+    await first.stop()
+    await h.channel(replica_id="replica-b")  # a restart with the same list
+    await h.fake.wait_calls("getUpdates")
+    assert len(h.fake.calls_to("setMyCommands")) == 1

@@ -315,6 +315,11 @@ def commands(rec: RecordingContext, allow_from: tuple[str, ...] = ("U1",)) -> Co
         ("status", "/status"),
         ("help", "/help"),
         ("", "/help"),
+        ("compact", "/compact"),
+        ("compact  keep the  decisions", "/compact keep the decisions"),
+        ("model", "/model"),
+        ("MODEL gpt-4o", "/model gpt-4o"),
+        ("usage", "/usage"),
     ],
 )
 async def test_slash_command_maps_to_control(rec: RecordingContext, word: str, control: str) -> None:
@@ -342,6 +347,9 @@ async def test_slash_command_refusals(rec: RecordingContext) -> None:
     unknown = cmd.plan_command(slash_command("dance", channel="C1", user="U1", team_id=TEAM))
     assert (unknown.control, unknown.rejected) == (None, "unknown")
     assert "Usage" in unknown.ack_text
+    for text in ("stop now", "model a b", "usage please", "compact " + "x" * 600):
+        extra = cmd.plan_command(slash_command(text, channel="C1", user="U1", team_id=TEAM))
+        assert (extra.control, extra.rejected) == (None, "unknown"), text
     stranger = cmd.plan_command(slash_command("stop", channel="C1", user="U666", team_id=TEAM))
     assert (stranger.control, stranger.rejected) == (None, "denied")
     assert await cmd.run_command(stranger) is None

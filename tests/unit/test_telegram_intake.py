@@ -116,6 +116,14 @@ def test_wildcard_group_admits_any_group(fake: FakeTelegram) -> None:
     assert inbound(upd(fake, fake.group_message(-1777, 42, "@botd_test_bot hi")), groups=("*",)).chat_id == "-1777"
 
 
+def test_group_members_are_marked_listed_only_when_the_allowlist_names_them(fake: FakeTelegram) -> None:
+    msg = lambda user: upd(fake, fake.group_message(-1001, user, "/model gpt-4o"))  # noqa: E731
+    assert inbound(msg(42), groups=("-1001",), allow_from=("42",)).listed
+    assert not inbound(msg(43), groups=("-1001",), allow_from=("42",)).listed
+    assert inbound(msg(43), groups=("-1001",)).listed  # no allowlist: the group admits its members
+    assert inbound(upd(fake, fake.private_message(42, "/model")), allow_from=("42",)).listed
+
+
 def test_mention_of_another_bot_is_not_a_mention(fake: FakeTelegram) -> None:
     ignored(upd(fake, fake.group_message(-1001, 42, "@other_bot hi")), groups=("*",))
 
