@@ -137,10 +137,8 @@ class Daemon:
         await self._lag.stop()
         if app is not None:
             await app.broadcast.close()
-            close = getattr(app.model, "aclose", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    await close()
+            with contextlib.suppress(Exception):
+                await app.model.aclose()
         if self.store is not None:
             await self.store.close()
         log.info("botd.stopped")
