@@ -37,6 +37,7 @@ from bot.session_keys import cron_session_key, heartbeat_session_key, session_ke
 from bot.store.connection import RedisHandle
 from bot.store.kv import RedisKeyValue
 from bot.store.locks import SessionLock
+from bot.store.owned import OwnedKeys
 from bot.store.seal import RecordSeal
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
@@ -202,6 +203,7 @@ class App:
         )
         self.scheduler = SchedulerService(
             client, keys, GatewayScheduledRunner(self.gateway, self.channels),
+            owned=OwnedKeys(client),
             signals=self.broadcast,
             heartbeat=HeartbeatSettings.from_config(cfg.heartbeat),
             settings=SchedulerSettings.from_config(cfg.scheduler),

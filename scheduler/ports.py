@@ -104,6 +104,15 @@ class CronKeys(Protocol):
     def cron_run_now(self) -> str: ...
 
 
+class OwnedKeys(Protocol):
+    """Owner-checked deletes (the daemon's ``bot.store.owned.OwnedKeys``), so the scheduler
+    uses the store's one compare-and-delete script instead of a copy of it."""
+
+    async def delete_if_owner(self, key: str, token: str) -> bool:
+        """Delete ``key`` if it still holds ``token``; True when it was deleted."""
+        ...
+
+
 class Subscriber(Protocol):
     """The process's one pub/sub listener (the daemon's ``Broadcast``).
 

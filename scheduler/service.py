@@ -47,7 +47,7 @@ from scheduler.jobs import (
     JobNotFoundError,
     RunRecord,
 )
-from scheduler.ports import CronKeys, GrantSeal, ScheduledRunner, Subscriber
+from scheduler.ports import CronKeys, GrantSeal, OwnedKeys, ScheduledRunner, Subscriber
 from scheduler.schedules import Clock, format_duration, iso_utc, latest_fire_between, next_fire, utc_now
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import FireClaims, JobStore, RunLedger
@@ -101,6 +101,7 @@ class SchedulerService:
         keys: CronKeys,
         runner: ScheduledRunner,
         *,
+        owned: OwnedKeys,
         signals: Subscriber,
         heartbeat: HeartbeatSettings,
         settings: SchedulerSettings,
@@ -118,7 +119,7 @@ class SchedulerService:
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self._clock = clock
         self.store = JobStore(redis, keys, seal)
-        self._claims = FireClaims(redis, keys, ttl_s=settings.fire_claim_ttl_s)
+        self._claims = FireClaims(redis, keys, owned, ttl_s=settings.fire_claim_ttl_s)
         self._cron = CronFires(
             self.store,
             self._claims,

@@ -26,8 +26,7 @@ import redis.asyncio as aioredis
 
 from agent.types import RunRequest
 from bot.store.keys import Keys
-from bot.store.kv import ttl_ms
-from bot.store.locks import ACQUIRE
+from bot.store.owned import OwnedKeys
 
 _ENQUEUE = """
 if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
@@ -75,13 +74,14 @@ class Deduper:
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self._client = client
         self._keys = keys
-        # The lease script: set the token if absent (each call brings a fresh token).
-        self._mark = client.register_script(ACQUIRE)
+        # Set the token if absent (each call brings a fresh token, so only a client retry
+        # of this very call finds it held by itself).
+        self._owned = OwnedKeys(client)
 
     async def first_time(self, key: str, ttl_s: float = DEDUPE_TTL_S) -> bool:
         """True exactly once per ``key`` within ``ttl_s`` (default 24 h)."""
         token = uuid.uuid4().hex
-        return bool(await self._mark(keys=[self._keys.dedupe(key)], args=[token, ttl_ms(ttl_s)]))
+        return await self._owned.acquire(self._keys.dedupe(key), token, ttl_s)
 
     async def forget(self, key: str) -> None:
         """Drop the mark, e.g. when the event could not be accepted and may be redelivered."""

@@ -1,7 +1,7 @@
 """Redis leases: one holder at a time, kept alive by a watchdog (DESIGN.md §5 Gateway).
 
 A lease is a key holding its owner's unique token with a TTL. Taking it, renewing it and
-releasing it are compare-and-set Lua scripts, so nobody ever extends or deletes a lease
+releasing it are compare-and-set Lua scripts (``owned.py``), so nobody ever extends or deletes a lease
 held by someone else. While held, a watchdog renews it every TTL/3. When renewal finds
 the key gone or owned by another token, or Redis has not confirmed a renewal for a whole
 TTL (the key may have expired on the server by now), the lease is lost: ``on_lost`` runs
@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from agent.tasks import stop_task
 from bot.store.errors import LockTimeout
 from bot.store.keys import Keys
-from bot.store.kv import EXTEND_IF_OWNER, ttl_ms
+from bot.store.owned import OwnedKeys, ttl_ms
 
 log = structlog.get_logger(__name__)
 
@@ -35,28 +35,6 @@ OnLost = Callable[[], Awaitable[None] | None]
 DEFAULT_TTL_S = 30.0
 MAX_POLL_S = 0.5
 MAX_RELEASE_WAIT_S = 5.0
-
-# Take the lease if free; also succeeds (and refreshes) when it already holds our token.
-ACQUIRE = """
-local current = redis.call('GET', KEYS[1])
-if not current then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
 
 class Lease:
     """An exclusive, self-renewing lease on one Redis key. Usable as ``async with``."""
@@ -79,14 +57,12 @@ class Lease:
         self._client = client
         self.key = key
         self.ttl_s = float(ttl_s)
-        self._ttl_ms = ttl_ms(ttl_s)
+        ttl_ms(ttl_s)  # rejects a TTL Redis cannot hold, here rather than at the first acquire
         self._owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self._on_lost = on_lost
         self._auto_renew = auto_renew
         self._acquire_timeout_s = acquire_timeout_s
-        self._acquire = client.register_script(ACQUIRE)
-        self._renew = client.register_script(EXTEND_IF_OWNER)
-        self._release = client.register_script(RELEASE)
+        self._owned = OwnedKeys(client)
         self._token: str | None = None
         self._held = False
         self._valid_until = 0.0
@@ -121,7 +97,7 @@ class Lease:
         delay = min(0.05, self.ttl_s / 10)
         while True:
             sent = time.monotonic()
-            if await self._acquire(keys=[self.key], args=[token, self._ttl_ms]):
+            if await self._owned.acquire(self.key, token, self.ttl_s):
                 self._token = token
                 self._held = True
                 self._valid_until = sent + self.ttl_s
@@ -155,7 +131,7 @@ class Lease:
         try:
             # Bounded: once the TTL has passed the key is gone anyway.
             async with asyncio.timeout(min(self.ttl_s, MAX_RELEASE_WAIT_S)):
-                return bool(await self._release(keys=[self.key], args=[token]))
+                return await self._owned.delete_if_owner(self.key, token)
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("store.lease.release_failed", key=self.key, error=type(exc).__name__)
             return False
@@ -181,7 +157,7 @@ class Lease:
                 return
             try:
                 async with asyncio.timeout(remaining):
-                    renewed = await self._renew(keys=[self.key], args=[token, self._ttl_ms])
+                    renewed = await self._owned.extend_if_owner(self.key, token, self.ttl_s)
             except (RedisError, OSError, TimeoutError) as exc:
                 log.warning("store.lease.renew_failed", key=self.key, error=type(exc).__name__)
                 if time.monotonic() >= self._valid_until:

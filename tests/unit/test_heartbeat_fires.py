@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from bot.store.keys import Keys
+from bot.store.owned import OwnedKeys
 from scheduler.fires import DEFAULT_HEARTBEAT_PROMPT
 from scheduler.heartbeat import HeartbeatFires
 from scheduler.ports import JobTarget
@@ -49,7 +50,7 @@ def make(
 
     return HeartbeatFires(
         settings,
-        FireClaims(redis_client, Keys(prefix)),
+        FireClaims(redis_client, Keys(prefix), OwnedKeys(redis_client)),
         RunLedger(redis_client, Keys(prefix)),
         runner,
         workspace=workspace,
@@ -220,7 +221,7 @@ async def test_each_fire_is_claimed_once(
     results = [await a.fire(NOON), await b.fire(NOON)]
     assert sum(r is not None for r in results) == 1
     assert len(first.requests) + len(second.requests) == 1
-    assert await FireClaims(redis_client, Keys(redis_prefix)).last_fire("heartbeat") == NOON
+    assert await FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client)).last_fire("heartbeat") == NOON
     ttl = await redis_client.ttl(f"{redis_prefix}:fire:heartbeat:2027-01-15T12:00:00Z")
     assert 0 < ttl <= 7 * 86400
 
