@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -24,8 +24,8 @@ from agent.types import DeliveryStatus, RunRequest
 ScheduledRunStatus = Literal["ok", "error", "skipped", "timeout"]
 TargetChannel = Literal["telegram", "slack", "console"]
 
-RUN_STATUSES: tuple[ScheduledRunStatus, ...] = ("ok", "error", "skipped", "timeout")
-DELIVERY_STATUSES: tuple[DeliveryStatus, ...] = ("delivered", "silent", "failed", "unknown")
+RUN_STATUSES: tuple[ScheduledRunStatus, ...] = get_args(ScheduledRunStatus)
+DELIVERY_STATUSES: tuple[DeliveryStatus, ...] = get_args(DeliveryStatus)
 
 
 class JobTarget(BaseModel):

@@ -39,6 +39,7 @@ from agent.types import (
     Message,
     RunRequest,
     RunResult,
+    RunStatus,
     ToolCallEvent,
     ToolResultEvent,
 )
@@ -56,7 +57,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-OutcomeStatus = Literal["completed", "failed", "cancelled", "timeout", "max_iterations", "blocked"]
+# The agent's RunStatus, plus what the gateway decides itself.
+OutcomeStatus = Literal[RunStatus, "timeout", "blocked"]
 
 # Cancellations after which the batch is run again elsewhere rather than recorded.
 RETRY_REASONS = frozenset({"shutdown", "lock_lost"})
