@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError, load_config
+from bot.config import ConfigError
+from bot.config_file import load_config
 
 
 @pytest.fixture(autouse=True)
