@@ -155,10 +155,6 @@ class SchedulerService:
         signals.on_reconnect(self._on_reconnect)
 
     @property
-    def ledger(self) -> RunLedger:
-        return self.store.ledger
-
-    @property
     def running(self) -> bool:
         return self._scheduler is not None
 
@@ -237,7 +233,7 @@ class SchedulerService:
             age = (self._clock() - request.requested_at).total_seconds()
             if age > self.settings.run_now_max_age_s:
                 reason = f"run-now request expired: made {format_duration(age)} ago with no scheduler running"
-                await self.ledger.append(
+                await self.store.ledger.append(
                     RunLedger.skipped(
                         request.job_id,
                         reason,
