@@ -250,7 +250,7 @@ class App:
             )
         )
         self.control = ControlCommands(
-            client, prefix, self.channels, self.sessions, self.approvals, self.ledger,
+            self.channels, self.sessions, self.approvals, self.ledger,
             model=cfg.llm.model, context_window=cfg.llm.context_window, traces=self.traces,
         )
 
@@ -288,7 +288,7 @@ class App:
             add_route=add_route,
             replica_id=self.replica,
             commands=COMMANDS,
-            pairing=ChannelPairing(self.pairing, name, self.channels) if self._pairs(name) else None,
+            pairing=ChannelPairing(self.pairing, name, self.channels, self.gateway.dedupe) if self._pairs(name) else None,
         )
 
     def _pairs(self, channel: str) -> bool:

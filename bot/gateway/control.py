@@ -11,15 +11,13 @@ import re
 from dataclasses import dataclass
 from typing import Protocol
 
-import redis.asyncio as aioredis
 import structlog
 
 from agent.types import RunRequest
 from bot import metrics
 from bot.gateway.approvals import Approvals
-from bot.gateway.inbox import Deduper, Inbox
+from bot.gateway.inbox import Inbox
 from bot.gateway.reply import DeliveryLedger, notify
-from bot.store.keys import Keys
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
 from channels.base import ChannelAdapter, Target
@@ -88,8 +86,6 @@ class GatewayOps(Protocol):
 class ControlCommands:
     def __init__(
         self,
-        client: aioredis.Redis,
-        prefix: str,
         channels: dict[str, ChannelAdapter],
         sessions: SessionStore,
         approvals: Approvals,
@@ -99,7 +95,6 @@ class ControlCommands:
         context_window: int,
         traces: TraceStore | None = None,
     ) -> None:
-        self._deduper = Deduper(client, Keys(prefix))
         self._channels = channels
         self._sessions = sessions
         self._approvals = approvals
@@ -107,12 +102,6 @@ class ControlCommands:
         self._model = model
         self._context_window = context_window
         self._traces = traces
-
-    async def first_time(self, dedupe_key: str) -> bool:
-        return await self._deduper.first_time(dedupe_key)
-
-    async def forget(self, dedupe_key: str) -> None:
-        await self._deduper.forget(dedupe_key)
 
     async def handle(self, command: Command, req: RunRequest, gateway: GatewayOps) -> None:
         metrics.COMMANDS.labels(command.name).inc()
