@@ -18,6 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import TypedDict, Unpack
 
 import redis.asyncio as aioredis
 import structlog
@@ -186,30 +187,21 @@ class Lease:
             log.exception("store.lease.on_lost_failed", key=self.key)
 
 
+class LeaseOptions(TypedDict, total=False):
+    """:class:`Lease`'s keyword arguments, for leases whose key is derived (``SessionLock``)."""
+
+    ttl_s: float
+    owner: str | None
+    on_lost: OnLost | None
+    auto_renew: bool
+    acquire_timeout_s: float | None
+
+
 class SessionLock(Lease):
     """The one-active-run-per-session lock, ``<prefix>:lock:<session_key>``."""
 
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        keys: Keys,
-        session_key: str,
-        *,
-        ttl_s: float = DEFAULT_TTL_S,
-        owner: str | None = None,
-        on_lost: OnLost | None = None,
-        auto_renew: bool = True,
-        acquire_timeout_s: float | None = None,
-    ) -> None:
-        super().__init__(
-            client,
-            keys.lock(session_key),
-            ttl_s=ttl_s,
-            owner=owner,
-            on_lost=on_lost,
-            auto_renew=auto_renew,
-            acquire_timeout_s=acquire_timeout_s,
-        )
+    def __init__(self, client: aioredis.Redis, keys: Keys, session_key: str, **options: Unpack[LeaseOptions]) -> None:
+        super().__init__(client, keys.lock(session_key), **options)
         self.session_key = session_key
 
     async def __aenter__(self) -> SessionLock:
