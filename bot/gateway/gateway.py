@@ -122,6 +122,12 @@ class Gateway:
                 with contextlib.suppress(RedisError):
                     await self.dedupe.release(claim)
             raise
+        except Exception:
+            # A fault of the command, not of the store: a redelivery would only repeat it.
+            if claim is not None:
+                with contextlib.suppress(RedisError):
+                    await self.dedupe.confirm(claim)
+            raise
         if claim is not None:
             try:
                 await self.dedupe.confirm(claim)
