@@ -87,7 +87,11 @@ class LLMError(Exception):
 
 
 class ChatModel(Protocol):
-    """Anything that can answer a conversation, optionally with tool calls."""
+    """Anything that can answer a conversation, optionally with tool calls.
+
+    Its owner calls ``aclose`` once at shutdown to release connections; a model that
+    holds none (a test double, a per-run wrapper) makes it a no-op.
+    """
 
     async def complete(
         self,
@@ -96,6 +100,10 @@ class ChatModel(Protocol):
         on_delta: DeltaCallback | None = None,
     ) -> LLMResponse:
         """Answer ``messages``; stream pieces to ``on_delta``; raise ``LLMError`` on failure."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the model holds (HTTP connection pools); called once by its owner."""
         ...
 
 

@@ -64,6 +64,9 @@ class TimedModel:
         finally:
             self.seconds += time.perf_counter() - started
 
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
 
 def percentile(values: list[float], q: float) -> float:
     """Nearest-rank percentile."""

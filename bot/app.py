@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+import structlog
 
 from agent.llm import LLMClient
 from agent.llm_types import ChatModel
@@ -19,6 +21,7 @@ from agent.tools.cli_tools import ToolConfigError
 from agent.tools.mcp import McpManager
 from agent.tools.registry import Tool, ToolRegistry, ToolSettings
 from agent.tools.sandbox import Sandbox
+from agent.types import RunRequest
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
 from bot.gateway.approvals import Approvals
@@ -26,24 +29,25 @@ from bot.gateway.control import COMMANDS, ControlCommands
 from bot.gateway.gateway import Gateway
 from bot.gateway.redelivery import Redelivery
 from bot.gateway.reply import DeliveryLedger
-from bot.gateway.run import RunDeps, RunExecutor
+from bot.gateway.run import OutcomeStatus, RunDeps, RunExecutor, RunOutcome
 from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
 from bot.mcp_servers import sandboxed, server_specs
 from bot.models import ModelCatalog, build_client, check_models
 from bot.pairing import ApprovalNotices, ChannelPairing, PairingStore
 from bot.sandboxing import build_sandbox, hidden_paths
-from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key
 from bot.store.connection import RedisHandle
 from bot.store.kv import RedisKeyValue
 from bot.store.locks import SessionLock
+from bot.store.owned import OwnedKeys
 from bot.store.seal import RecordSeal
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
 from bot.workspaces import SessionWorkspaces
-from channels.base import ChannelAdapter, ChannelContext, RouteHandler, Scope
+from channels.base import ChannelAdapter, ChannelContext, RouteHandler, Scope, Target
 from scheduler.cron_tool import CronTool
+from scheduler.ports import JobTarget, ScheduledOutcome, ScheduledRunStatus
 from scheduler.service import SchedulerService
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import JobStore
@@ -51,6 +55,8 @@ from scheduler.store import JobStore
 if TYPE_CHECKING:
     from channels.slack import SlackSettings
     from channels.telegram import TelegramSettings
+
+log = structlog.get_logger(__name__)
 
 
 def replica_id() -> str:
@@ -141,6 +147,61 @@ def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
     return out
 
 
+# A run's outcome in the scheduler's words (its ledger's ``run_status``), every
+# ``OutcomeStatus`` once; a status this version does not know reads as an error.
+SCHEDULED_STATUS: dict[OutcomeStatus, ScheduledRunStatus] = {
+    "completed": "ok",
+    "max_iterations": "ok",
+    "failed": "error",
+    "cancelled": "error",
+    "timeout": "timeout",
+    "blocked": "skipped",
+}
+
+
+def scheduled_outcome(outcome: RunOutcome) -> ScheduledOutcome:
+    """The gateway's outcome of a scheduled run as the scheduler records it."""
+    return ScheduledOutcome(
+        outcome.run_id,
+        SCHEDULED_STATUS.get(outcome.status, "error"),
+        "unknown" if outcome.delivery == "none" else outcome.delivery,
+        outcome.error,
+    )
+
+
+class ScheduledRunner:
+    """The daemon's side of the scheduler (``scheduler.ports.ScheduledRunner``): a fire is
+    submitted to the gateway like a chat message, and its outcome awaited on the board."""
+
+    def __init__(self, gateway: Gateway, channels: Mapping[str, ChannelAdapter]) -> None:
+        self._gateway = gateway
+        self._channels = channels
+
+    async def run_scheduled(self, request: RunRequest, *, timeout_s: float) -> ScheduledOutcome:
+        req = request.model_copy(update={"meta": {**request.meta, "timeout_s": str(timeout_s)}})
+        if req.channel not in self._channels:
+            return ScheduledOutcome(req.run_id, "error", "failed", f"channel {req.channel!r} is not enabled")
+        accepted = await self._gateway.submit(req)
+        if accepted.status in ("error", "dropped"):
+            return ScheduledOutcome(req.run_id, "error", "unknown", f"not accepted: {accepted.detail}")
+        if accepted.status == "duplicate":
+            return ScheduledOutcome(req.run_id, "skipped", "unknown", "duplicate fire")
+        outcome = await self._gateway.outcomes.wait(req.run_id, timeout_s + 30)
+        if outcome is None:
+            return ScheduledOutcome(req.run_id, "timeout", "unknown", "no outcome within the run timeout")
+        return scheduled_outcome(outcome)
+
+    async def is_busy(self, session_key: str) -> bool:
+        return await self._gateway.is_busy(session_key)
+
+    async def notify(self, target: JobTarget, text: str) -> None:
+        channel = self._channels.get(target.channel)
+        if channel is None:
+            log.warning("scheduler.notify_no_channel", channel=target.channel)
+            return
+        await channel.send_text(Target(channel=target.channel, chat_id=target.chat_id, thread_id=target.thread_id), text)
+
+
 @dataclass
 class App:
     """Every long-lived part of one botd process."""
@@ -188,7 +249,7 @@ class App:
             )
         )
         self.control = ControlCommands(
-            client, prefix, self.channels, self.sessions, self.approvals, self.ledger,
+            self.channels, self.sessions, self.approvals, self.ledger,
             models=self.models, compactor=self.compactor, traces=self.traces, workspaces=self.workspaces,
         )
 
@@ -202,7 +263,8 @@ class App:
         heartbeat = HeartbeatSettings.from_config(cfg.heartbeat)
         target = heartbeat.target
         self.scheduler = SchedulerService(
-            client, keys, GatewayScheduledRunner(self.gateway, self.channels),
+            client, keys, ScheduledRunner(self.gateway, self.channels),
+            owned=OwnedKeys(client),
             signals=self.broadcast,
             heartbeat=heartbeat,
             settings=SchedulerSettings.from_config(cfg.scheduler),
@@ -228,7 +290,7 @@ class App:
             add_route=add_route,
             replica_id=self.replica,
             commands=COMMANDS,
-            pairing=ChannelPairing(self.pairing, name, self.channels) if self._pairs(name) else None,
+            pairing=ChannelPairing(self.pairing, name, self.channels, self.gateway.dedupe) if self._pairs(name) else None,
         )
 
     def _pairs(self, channel: str) -> bool:

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TextIO
 
 from bot import __version__
-from bot.config import BotdConfig, ConfigError, load_config
+from bot.config import BotdConfig, ConfigError
+from bot.config_file import load_config
 from bot.init_wizard import add_init_arguments
 from bot.logs import configure_logging, open_log_file
 

@@ -153,10 +153,8 @@ class Daemon:
             await app.broadcast.close()
             with contextlib.suppress(Exception):
                 await app.models.aclose()
-            close = getattr(app.model, "aclose", None)
-            if close is not None:
-                with contextlib.suppress(Exception):
-                    await close()
+            with contextlib.suppress(Exception):
+                await app.model.aclose()
         if self.store is not None:
             await self.store.close()
         log.info("botd.stopped")

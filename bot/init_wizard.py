@@ -23,7 +23,8 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from bot.config import BotdConfig, format_validation_error, home_config
+from bot.config import BotdConfig
+from bot.config_file import format_validation_error, home_config
 from bot.probes import Probe, check_slack, check_telegram, probe_llm
 
 DM_POLICIES = ("pairing", "allowlist", "open")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from agent.llm import LLMClient
 from agent.llm_types import ChatModel
@@ -129,7 +128,5 @@ class ModelCatalog:
     async def aclose(self) -> None:
         """Close the clients built here (the default one belongs to whoever passed it in)."""
         for client in self._built:
-            close: Any = getattr(client, "aclose", None)
-            if close is not None:
-                await close()
+            await client.aclose()
         self._built.clear()

@@ -31,6 +31,7 @@ import redis.asyncio as aioredis
 import structlog
 from pydantic import BaseModel, ValidationError
 
+from bot.gateway.inbox import Deduper
 from bot.store.keys import Keys
 from channels.base import ChannelAdapter, Target
 
@@ -233,26 +234,37 @@ def _parse(model: type[M], raw: str | bytes | None) -> M | None:
 class ChannelPairing:
     """The :class:`channels.base.PairingGate` of one channel: answers a stranger with a code."""
 
-    def __init__(self, store: PairingStore, channel: str, adapters: Mapping[str, ChannelAdapter]) -> None:
+    def __init__(
+        self, store: PairingStore, channel: str, adapters: Mapping[str, ChannelAdapter], dedupe: Deduper
+    ) -> None:
         self._store = store
         self._channel = channel
         self._adapters = adapters
+        self._dedupe = dedupe  # the gateway's: a redelivered post is answered once
 
     async def is_approved(self, user_id: str) -> bool:
         return await self._store.is_approved(self._channel, user_id)
 
-    async def challenge(self, user_id: str, user_name: str, chat_id: str) -> None:
-        """Best effort: a failure is logged, never raised into the channel's intake."""
+    async def challenge(self, user_id: str, user_name: str, chat_id: str, *, dedupe_key: str | None = None) -> bool:
+        """Best effort: a failure is logged, never raised into the channel's intake. False when
+        ``dedupe_key``'s post was answered before (a platform retry or twin); a store that is
+        down for that check raises, so the platform delivers the post again."""
+        if dedupe_key is not None:
+            claim = await self._dedupe.claim(dedupe_key)
+            if claim.status != "first":
+                return False
+            await self._dedupe.confirm(claim)  # before the reply: a retry never sends a second code
         try:
             answer = await self._store.challenge(self._channel, user_id, user_name, chat_id)
             if answer.code is None or not answer.reply:
                 log.info("pairing.silent", channel=self._channel, user_id=user_id)
-                return
+                return True
             adapter = self._adapters.get(self._channel)
             if adapter is not None:
                 await adapter.send_text(Target(self._channel, chat_id, user_id=user_id), code_reply(answer.code))
         except Exception as exc:
             log.warning("pairing.challenge_failed", channel=self._channel, user_id=user_id, error=str(exc))
+        return True
 
 
 class ApprovalNotices:

@@ -165,6 +165,9 @@ class TracingModel:
     def last_prompt_tokens(self) -> int:
         return self.usages[-1].prompt_tokens if self.usages else 0
 
+    async def aclose(self) -> None:
+        """Nothing to release: the wrapped model outlives the run and its owner closes it."""
+
     async def complete(
         self, messages: Sequence[Message], tools: list[dict[str, Any]] | None, on_delta: DeltaCallback | None = None
     ) -> LLMResponse:

@@ -81,10 +81,12 @@ RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 class PairingGate(Protocol):
     """``dm_policy: pairing`` for one channel: users approved by their code count as allowed;
-    a stranger's DM is answered with a code (best effort, never raises, no LLM call)."""
+    a stranger's DM is answered with a code (best effort, no LLM call). With a
+    ``dedupe_key`` the daemon answers each post once: False for a post answered before;
+    only the store being down for that check raises (so the platform redelivers)."""
 
     async def is_approved(self, user_id: str) -> bool: ...
-    async def challenge(self, user_id: str, user_name: str, chat_id: str) -> None: ...
+    async def challenge(self, user_id: str, user_name: str, chat_id: str, *, dedupe_key: str | None = None) -> bool: ...
 
 
 @dataclass

@@ -11,7 +11,8 @@ Modules, from what a person types to a finished run:
 - ``fires.py``         one fire: its RunRequest, handing it to the runner, ``CronFires``.
 - ``heartbeat.py``     the heartbeat: active hours, HEARTBEAT.md, ``HeartbeatFires``.
 - ``service.py``       ``SchedulerService``: APScheduler, catch-up, keeping replicas in step.
-- ``ports.py``         what the scheduler needs from the daemon (runner, pub/sub listener).
+- ``ports.py``         what the scheduler needs from the daemon (runner, pub/sub listener,
+                       key names, owner-checked deletes).
 - ``settings.py``      heartbeat and scheduler settings.
 - ``cron_tool.py``     the agent's ``cron`` tool; ``cron_commands.py`` the ``botd cron`` CLI.
 

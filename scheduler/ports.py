@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -24,8 +24,8 @@ from agent.types import DeliveryStatus, RunRequest
 ScheduledRunStatus = Literal["ok", "error", "skipped", "timeout"]
 TargetChannel = Literal["telegram", "slack", "console"]
 
-RUN_STATUSES: tuple[ScheduledRunStatus, ...] = ("ok", "error", "skipped", "timeout")
-DELIVERY_STATUSES: tuple[DeliveryStatus, ...] = ("delivered", "silent", "failed", "unknown")
+RUN_STATUSES: tuple[ScheduledRunStatus, ...] = get_args(ScheduledRunStatus)
+DELIVERY_STATUSES: tuple[DeliveryStatus, ...] = get_args(DeliveryStatus)
 
 
 class JobTarget(BaseModel):
@@ -102,6 +102,15 @@ class CronKeys(Protocol):
     def cron_running(self, job_id: str) -> str: ...
     def cron_runs(self, job_id: str) -> str: ...
     def cron_run_now(self) -> str: ...
+
+
+class OwnedKeys(Protocol):
+    """Owner-checked deletes (the daemon's ``bot.store.owned.OwnedKeys``), so the scheduler
+    uses the store's one compare-and-delete script instead of a copy of it."""
+
+    async def delete_if_owner(self, key: str, token: str) -> bool:
+        """Delete ``key`` if it still holds ``token``; True when it was deleted."""
+        ...
 
 
 class Subscriber(Protocol):

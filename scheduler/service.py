@@ -47,7 +47,7 @@ from scheduler.jobs import (
     JobNotFoundError,
     RunRecord,
 )
-from scheduler.ports import CronKeys, GrantSeal, ScheduledRunner, Subscriber
+from scheduler.ports import CronKeys, GrantSeal, OwnedKeys, ScheduledRunner, Subscriber
 from scheduler.schedules import Clock, format_duration, iso_utc, latest_fire_between, next_fire, utc_now
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import FireClaims, JobStore, RunLedger
@@ -101,6 +101,7 @@ class SchedulerService:
         keys: CronKeys,
         runner: ScheduledRunner,
         *,
+        owned: OwnedKeys,
         signals: Subscriber,
         heartbeat: HeartbeatSettings,
         settings: SchedulerSettings,
@@ -119,7 +120,7 @@ class SchedulerService:
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self._clock = clock
         self.store = JobStore(redis, keys, seal)
-        self._claims = FireClaims(redis, keys, ttl_s=settings.fire_claim_ttl_s)
+        self._claims = FireClaims(redis, keys, owned, ttl_s=settings.fire_claim_ttl_s)
         self._cron = CronFires(
             self.store,
             self._claims,
@@ -154,10 +155,6 @@ class SchedulerService:
         # so no change can slip between the subscription and the first load in start().
         signals.on(self.store.changes_channel, self._on_change)
         signals.on_reconnect(self._on_reconnect)
-
-    @property
-    def ledger(self) -> RunLedger:
-        return self.store.ledger
 
     @property
     def running(self) -> bool:
@@ -238,7 +235,7 @@ class SchedulerService:
             age = (self._clock() - request.requested_at).total_seconds()
             if age > self.settings.run_now_max_age_s:
                 reason = f"run-now request expired: made {format_duration(age)} ago with no scheduler running"
-                await self.ledger.append(
+                await self.store.ledger.append(
                     RunLedger.skipped(
                         request.job_id,
                         reason,

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import WatchError
 
 from scheduler.jobs import CorruptJobError, CronJob, DuplicateJobError, FireTrigger, RunRecord
-from scheduler.ports import CronKeys, GrantSeal
+from scheduler.ports import CronKeys, GrantSeal, OwnedKeys
 from scheduler.schedules import iso_utc, parse_iso_utc
 
 log = structlog.get_logger(__name__)
@@ -59,12 +59,6 @@ if (not current) or current < ARGV[2] then
 end
 return 0
 """
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 
 
 def text(value: str | bytes) -> str:
@@ -75,12 +69,12 @@ def text(value: str | bytes) -> str:
 class FireClaims:
     """Claims and markers in Redis for one key prefix."""
 
-    def __init__(self, redis: Any, keys: CronKeys, *, ttl_s: int = 7 * 86400) -> None:
+    def __init__(self, redis: Any, keys: CronKeys, owned: OwnedKeys, *, ttl_s: int = 7 * 86400) -> None:
         self._redis = redis
         self._keys = keys
+        self._owned = owned
         self._ttl_s = ttl_s
         self._advance = redis.register_script(_ADVANCE)
-        self._release = redis.register_script(_RELEASE)
 
     def fire_key(self, job_id: str, fire_time: datetime) -> str:
         return self._keys.fire(job_id, iso_utc(fire_time))
@@ -123,7 +117,7 @@ class FireClaims:
         return token if ok else None
 
     async def release_running(self, job_id: str, token: str) -> None:
-        await self._release(keys=[self.running_key(job_id)], args=[token])
+        await self._owned.delete_if_owner(self.running_key(job_id), token)
 
 
 LEDGER_SIZE = 100

@@ -5,7 +5,8 @@ Modules, in the order a message meets them (DESIGN.md §2):
 - ``gateway.py``   ``Gateway.submit()``: intake, dedupe, control commands, enqueue.
 - ``control.py``   control commands (/stop, /new, /status, /compact, /model, /usage, …):
                    parsed and answered at once (/compact in the background).
-- ``inbox.py``     the per-session inboxes in Redis (waiting → running → finished).
+- ``inbox.py``     the per-session inboxes in Redis (waiting → running → finished) and
+                   the inbound dedupe of everything never queued (``Deduper``).
 - ``worker.py``    serving a session: lock, drain, run, sweep; ``SessionRun`` owns one
                    run's cancellation and steering.
 - ``run.py``       one batch as one run: resume a saved result, prepare, run the agent

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-import redis.asyncio as aioredis
 import structlog
 
 from agent.types import RunRequest
@@ -23,10 +22,9 @@ from bot import metrics
 from bot.compactor import CompactOutcome, SessionCompactor
 from bot.gateway.approvals import Approvals
 from bot.gateway.context import context_tokens
-from bot.gateway.inbox import Deduper, Inbox
+from bot.gateway.inbox import Inbox
 from bot.gateway.reply import DeliveryLedger, notify
 from bot.models import ModelCatalog, ModelProfile
-from bot.store.keys import Keys
 from bot.store.locks import SessionLock
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
@@ -116,8 +114,6 @@ class GatewayOps(Protocol):
 class ControlCommands:
     def __init__(
         self,
-        client: aioredis.Redis,
-        prefix: str,
         channels: dict[str, ChannelAdapter],
         sessions: SessionStore,
         approvals: Approvals,
@@ -128,7 +124,6 @@ class ControlCommands:
         traces: TraceStore | None = None,
         workspaces: SessionWorkspaces | None = None,
     ) -> None:
-        self._deduper = Deduper(client, Keys(prefix))
         self._channels = channels
         self._sessions = sessions
         self._approvals = approvals
@@ -138,12 +133,6 @@ class ControlCommands:
         self._workspaces = workspaces
         self._traces = traces
         self._compactions: set[asyncio.Task[None]] = set()
-
-    async def first_time(self, dedupe_key: str) -> bool:
-        return await self._deduper.first_time(dedupe_key)
-
-    async def forget(self, dedupe_key: str) -> None:
-        await self._deduper.forget(dedupe_key)
 
     async def aclose(self) -> None:
         """Cancel compactions still running (the session is left as it was)."""

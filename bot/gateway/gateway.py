@@ -19,8 +19,8 @@ from redis.exceptions import RedisError
 from agent.types import RunRequest
 from bot import metrics
 from bot.config import BotdConfig
-from bot.gateway.control import ControlCommands, parse_command
-from bot.gateway.inbox import Inbox, describe
+from bot.gateway.control import Command, ControlCommands, parse_command
+from bot.gateway.inbox import Deduper, Inbox, describe
 from bot.gateway.reply import DeliveryLedger, notify
 from bot.gateway.run import RunExecutor
 from bot.gateway.signals import Broadcast, CancelSignals, OutcomeBoard
@@ -57,6 +57,7 @@ class Gateway:
         self.control = control
         self._keys = Keys(prefix)
         self._lock_factory = lock_factory
+        self.dedupe = Deduper(client, self._keys)
         self.workers = Workers(
             cfg, client, executor, channels, self.inbox, self.cancel, self.outcomes, ledger, lock_factory
         )
@@ -88,18 +89,7 @@ class Gateway:
         try:
             command = parse_command(req.text) if req.kind == "chat" else None
             if command is not None:
-                if req.dedupe_key and not await self.control.first_time(req.dedupe_key):
-                    metrics.DEDUPE_HITS.labels(req.channel).inc()
-                    return SubmitResult("duplicate")
-                try:
-                    await self.control.handle(command, req, self)
-                except RedisError:
-                    # Not done: let the platform's retry through instead of calling it a duplicate.
-                    if req.dedupe_key:
-                        with contextlib.suppress(RedisError):
-                            await self.control.forget(req.dedupe_key)
-                    raise
-                return SubmitResult("command", command.name)
+                return await self._command(command, req)
             enqueued = await self.inbox.enqueue(req, self.cfg.queue.cap, dedupe_key=req.dedupe_key)
         except RedisError as exc:
             log.error("submit.store_unavailable", error=str(exc), session_key=req.session_key)
@@ -120,6 +110,35 @@ class Gateway:
         if req.kind == "chat" and self.workers.fold(req.session_key):
             log.info("submit.folded", session_key=req.session_key, run_id=req.run_id)
         return SubmitResult("queued")
+
+    async def _command(self, command: Command, req: RunRequest) -> SubmitResult:
+        """Handle a control command once per dedupe key (see ``inbox.Deduper``)."""
+        claim = await self.dedupe.claim(req.dedupe_key) if req.dedupe_key else None
+        if claim is not None and claim.status == "duplicate":
+            metrics.DEDUPE_HITS.labels(req.channel).inc()
+            return SubmitResult("duplicate")
+        if claim is not None and claim.status == "in_flight":
+            return SubmitResult("error", "the same event is still being handled")
+        try:
+            await self.control.handle(command, req, self)
+        except RedisError:
+            # Not done: let the platform's retry through instead of calling it a duplicate.
+            if claim is not None:
+                with contextlib.suppress(RedisError):
+                    await self.dedupe.release(claim)
+            raise
+        except Exception:
+            # A fault of the command, not of the store: a redelivery would only repeat it.
+            if claim is not None:
+                with contextlib.suppress(RedisError):
+                    await self.dedupe.confirm(claim)
+            raise
+        if claim is not None:
+            try:
+                await self.dedupe.confirm(claim)
+            except RedisError as exc:  # handled all the same; the pending mark expires
+                log.warning("submit.dedupe_confirm_failed", error=str(exc), session_key=req.session_key)
+        return SubmitResult("command", command.name)
 
     async def _tell_dropped(self, dropped: RunRequest) -> None:
         channel = self.channels.get(dropped.channel)

@@ -7,12 +7,11 @@ runs; delivery is de-duplicated separately). ``pending`` indexes every session w
 work, so sweepers on any replica can find sessions nobody is serving.
 
 Inbound dedupe (DESIGN.md §5) lives here too, so the gateway owns it whole: Telegram
-update ids and Slack event ids are handled once. An ordinary message is marked in the
-same atomic step that enqueues it (``Inbox.enqueue``); a control command, which is
-never queued, is marked by :class:`Deduper`. Platforms redeliver (Slack retries
-unanswered events, a restarted poller may see an update twice). The command mark is a
-unique token set only if absent, so a retry of our own command whose reply got lost
-still reads as "first time" instead of dropping the message.
+update ids, Slack posts (the message/app_mention twins of one post and Slack's retries
+share one key) and button presses are handled once. An ordinary message is marked in
+the same atomic step that enqueues it (``Inbox.enqueue``); a control command or a
+pairing challenge, which is never queued, is marked by :class:`Deduper`. Platforms
+redeliver (Slack retries unanswered events, a restarted poller may see an update twice).
 """
 
 from __future__ import annotations
@@ -21,13 +20,14 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Literal
 
 import redis.asyncio as aioredis
 
 from agent.types import RunRequest
 from bot.store.keys import Keys
-from bot.store.kv import queue_script, ttl_ms
-from bot.store.locks import ACQUIRE
+from bot.store.kv import queue_script
+from bot.store.owned import OwnedKeys, ttl_ms
 
 _ENQUEUE = """
 if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
@@ -83,27 +83,55 @@ return 1
 _KEEP_MS = 7 * 24 * 3600 * 1000
 
 DEDUPE_TTL_S = 86400.0
+# A command's mark while it is being handled: longer than the slowest command (/new waits
+# up to 12 s), short enough that after a crash the platform's next retry runs it.
+PENDING_TTL_S = 60.0
+PENDING = "pending:"
+DONE = "done"
 
+DedupeStatus = Literal["first", "duplicate", "in_flight"]
+
+
+@dataclass(frozen=True)
+class DedupeClaim:
+    """The answer to "have we seen this inbound event?"; ``first`` holds the mark."""
+
+    status: DedupeStatus
+    key: str
+    token: str
 
 
 class Deduper:
-    """Answers "have we seen this inbound event before?" across replicas."""
+    """Inbound dedupe for what is never queued (control commands, pairing challenges).
+
+    Two stages, so a platform retry arriving while the first delivery is still being
+    handled is not acknowledged as a duplicate of something that may yet fail: the mark
+    is taken as ``pending:<token>`` (``in_flight`` to a retry: not accepted, try later),
+    then ``confirm`` makes it ``done`` for 24 h, or ``release`` deletes it when the
+    handling failed so the retry runs it.
+    """
 
     def __init__(self, client: aioredis.Redis, keys: Keys) -> None:
         self._client = client
         self._keys = keys
-        # The lease script: set the token if absent (each call brings a fresh token).
-        self._mark = client.register_script(ACQUIRE)
+        self._owned = OwnedKeys(client)
 
-    async def first_time(self, key: str, ttl_s: float = DEDUPE_TTL_S) -> bool:
-        """True exactly once per ``key`` within ``ttl_s`` (default 24 h)."""
-        token = uuid.uuid4().hex
-        return bool(await self._mark(keys=[self._keys.dedupe(key)], args=[token, ttl_ms(ttl_s)]))
+    async def claim(self, key: str, pending_ttl_s: float = PENDING_TTL_S) -> DedupeClaim:
+        full, token = self._keys.dedupe(key), PENDING + uuid.uuid4().hex
+        # Set only if absent; the fresh token makes a client retry of this call idempotent.
+        if await self._owned.acquire(full, token, pending_ttl_s):
+            return DedupeClaim("first", full, token)
+        held = await self._client.get(full)
+        pending = held is None or (held.decode() if isinstance(held, bytes) else str(held)).startswith(PENDING)
+        return DedupeClaim("in_flight" if pending else "duplicate", full, token)
 
-    async def forget(self, key: str) -> None:
-        """Drop the mark, e.g. when the event could not be accepted and may be redelivered."""
-        await self._client.delete(self._keys.dedupe(key))
+    async def confirm(self, claim: DedupeClaim, ttl_s: float = DEDUPE_TTL_S) -> None:
+        """The event was handled: later deliveries are duplicates for ``ttl_s``."""
+        await self._client.set(claim.key, DONE, px=ttl_ms(ttl_s))
 
+    async def release(self, claim: DedupeClaim) -> None:
+        """The handling failed: drop the mark (if still ours) so the redelivery is taken."""
+        await self._owned.delete_if_owner(claim.key, claim.token)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from agent.types import (
     Message,
     RunRequest,
     RunResult,
+    RunStatus,
     ToolCallEvent,
     ToolResultEvent,
 )
@@ -59,7 +60,8 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger(__name__)
 
-OutcomeStatus = Literal["completed", "failed", "cancelled", "timeout", "max_iterations", "blocked"]
+# The agent's RunStatus, plus what the gateway decides itself.
+OutcomeStatus = Literal[RunStatus, "timeout", "blocked"]
 
 # The reason a run is cancelled to start again with the messages that followed it.
 FOLD: Final = "fold"

@@ -97,9 +97,7 @@ class EmbeddedPaths:
 class EmbeddedValkey:
     """One process's membership in the workspace's server. Blocking: call via a thread."""
 
-    def __init__(
-        self, workspace: Path, *, start_timeout_s: float = 30.0, lock_timeout_s: float = 30.0
-    ) -> None:
+    def __init__(self, workspace: Path, *, start_timeout_s: float = 30.0, lock_timeout_s: float = 30.0) -> None:
         self.paths = EmbeddedPaths.for_workspace(workspace)
         self.start_timeout_s = start_timeout_s
         self.lock_timeout_s = lock_timeout_s
@@ -122,10 +120,6 @@ class EmbeddedValkey:
         if self._password is None:
             self._password = read_or_create_secret(self.paths.password)
         return self._password
-
-    @property
-    def joined(self) -> bool:
-        return self._users_fd is not None
 
     def join(self) -> bool:
         """Use the running server or start one; returns True when this call started it."""
@@ -267,8 +261,7 @@ class EmbeddedValkey:
         send_shutdown(self.paths.socket, self._secret())
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            gone = probe(self.paths.socket, self._secret()) is None and (pid is None or not _is_valkey_process(pid))
-            if gone:
+            if probe(self.paths.socket, self._secret()) is None and (pid is None or not _is_valkey_process(pid)):
                 return
             time.sleep(0.05)
         log.warning("store.embedded.stop_timeout", socket=str(self.paths.socket), pid=pid)
@@ -302,13 +295,10 @@ def render_config(paths: EmbeddedPaths, password: str) -> str:
         ("protected-mode", "yes"),
     ]
     lines = ["# Written by botd on every start of the embedded server; edits are overwritten."]
-    lines += [f"{name} {_quote_conf(value)}" for name, value in settings]
+    for name, value in settings:
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        lines.append(f'{name} "{escaped}"')
     return "\n".join(lines) + "\n"
-
-
-def _quote_conf(value: str) -> str:
-    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{escaped}"'
 
 
 def _command(*parts: str) -> bytes:
@@ -319,11 +309,20 @@ def _command(*parts: str) -> bytes:
     return b"".join(out)
 
 
-def _authed(password: str | None, *command: str) -> tuple[bytes, int]:
-    """The bytes to send (AUTH first when there is a password) and how many replies come back."""
-    if password is None:
-        return _command(*command), 1
-    return _command("AUTH", password) + _command(*command), 2
+def _ask(socket_path: Path, password: str | None, command: str, timeout_s: float) -> bytes | None:
+    """Send (AUTH first when there is a password, then) ``command`` on the socket; the
+    command's reply line, or None when nothing answers."""
+    payload, replies = _command(command), 1
+    if password is not None:
+        payload, replies = _command("AUTH", password) + payload, 2
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(str(socket_path))
+            sock.sendall(payload)
+            return _last_reply(sock, replies)
+    except OSError:
+        return None
 
 
 def _last_reply(sock: socket.socket, replies: int) -> bytes:
@@ -342,29 +341,12 @@ def probe(socket_path: Path, password: str | None = None, timeout_s: float = 1.0
 
     Any reply counts as "a server is there": while loading its AOF it answers -LOADING.
     """
-    payload, replies = _authed(password, "PING")
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout_s)
-            sock.connect(str(socket_path))
-            sock.sendall(payload)
-            reply = _last_reply(sock, replies)
-    except OSError:
-        return None
-    return reply or None
+    return _ask(socket_path, password, "PING", timeout_s) or None
 
 
 def send_shutdown(socket_path: Path, password: str | None = None, timeout_s: float = 5.0) -> None:
     """Ask the server on the socket to shut down (it closes the connection on success)."""
-    payload, replies = _authed(password, "SHUTDOWN")
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout_s)
-            sock.connect(str(socket_path))
-            sock.sendall(payload)
-            reply = _last_reply(sock, replies)
-    except OSError:
-        return
+    reply = _ask(socket_path, password, "SHUTDOWN", timeout_s)
     if reply:
         log.warning("store.embedded.shutdown_refused", reply=reply[:200].decode(errors="replace"))
 
@@ -377,9 +359,7 @@ def _flock(fd: int, op: int, timeout_s: float, what: str) -> None:
             return
         except BlockingIOError:
             if time.monotonic() > deadline:
-                raise StoreUnavailable(
-                    f"timed out after {timeout_s:g} s waiting for the lock {what}"
-                ) from None
+                raise StoreUnavailable(f"timed out after {timeout_s:g} s waiting for the lock {what}") from None
             time.sleep(0.05)
 
 

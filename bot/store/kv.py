@@ -6,7 +6,6 @@ Channel adapters may not import ``bot``, so they get this object through their
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,14 +14,7 @@ from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
 from bot.store.keys import Keys
-
-# Compare-and-expire: extend the TTL only while the key still holds the caller's value.
-EXTEND_IF_OWNER = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
+from bot.store.owned import OwnedKeys, ttl_ms
 
 
 def queue_script(pipe: Pipeline, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> None:
@@ -31,22 +23,13 @@ def queue_script(pipe: Pipeline, script: AsyncScript, keys: Sequence[str], args:
     pipe.eval(str(script.script), len(keys), *keys, *args)
 
 
-def ttl_ms(ttl_s: float) -> int:
-    """A TTL in whole milliseconds (rounded up); non-positive TTLs are a caller bug."""
-    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not math.isfinite(ttl_s):
-        raise ValueError(f"ttl_s must be a finite number of seconds, got {ttl_s!r}")
-    if ttl_s <= 0:
-        raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
-    return max(1, math.ceil(ttl_s * 1000))
-
-
 class RedisKeyValue:
     """Implements ``channels.base.KeyValue`` on Redis."""
 
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self._client = client
         self._keys = Keys(prefix)
-        self._extend = client.register_script(EXTEND_IF_OWNER)
+        self._owned = OwnedKeys(client)
 
     async def set_nx(self, key: str, value: str, ttl_s: float) -> bool:
         return bool(await self._client.set(self._keys.kv(key), value, nx=True, px=ttl_ms(ttl_s)))
@@ -63,4 +46,4 @@ class RedisKeyValue:
         await self._client.delete(self._keys.kv(key))
 
     async def extend_if_owner(self, key: str, value: str, ttl_s: float) -> bool:
-        return bool(await self._extend(keys=[self._keys.kv(key)], args=[value, ttl_ms(ttl_s)]))
+        return await self._owned.extend_if_owner(self._keys.kv(key), value, ttl_s)

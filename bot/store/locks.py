@@ -1,7 +1,7 @@
 """Redis leases: one holder at a time, kept alive by a watchdog (DESIGN.md §5 Gateway).
 
 A lease is a key holding its owner's unique token with a TTL. Taking it, renewing it and
-releasing it are compare-and-set Lua scripts, so nobody ever extends or deletes a lease
+releasing it are compare-and-set Lua scripts (``owned.py``), so nobody ever extends or deletes a lease
 held by someone else. While held, a watchdog renews it every TTL/3. When renewal finds
 the key gone or owned by another token, or Redis has not confirmed a renewal for a whole
 TTL (the key may have expired on the server by now), the lease is lost: ``on_lost`` runs
@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import redis.asyncio as aioredis
 import structlog
@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from agent.tasks import stop_task
 from bot.store.errors import LockTimeout
 from bot.store.keys import Keys
-from bot.store.kv import EXTEND_IF_OWNER, ttl_ms
+from bot.store.owned import OwnedKeys, ttl_ms
 
 log = structlog.get_logger(__name__)
 
@@ -36,27 +36,6 @@ OnLost = Callable[[], Awaitable[None] | None]
 DEFAULT_TTL_S = 30.0
 MAX_POLL_S = 0.5
 MAX_RELEASE_WAIT_S = 5.0
-
-# Take the lease if free; also succeeds (and refreshes) when it already holds our token.
-ACQUIRE = """
-local current = redis.call('GET', KEYS[1])
-if not current then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-if current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-return 0
-"""
-
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
 
 # Release a session lock and say, in the same step, whether work is waiting for the session.
 RELEASE_SESSION = """
@@ -89,14 +68,12 @@ class Lease:
         self._client = client
         self.key = key
         self.ttl_s = float(ttl_s)
-        self._ttl_ms = ttl_ms(ttl_s)
+        ttl_ms(ttl_s)  # rejects a TTL Redis cannot hold, here rather than at the first acquire
         self._owner = owner or f"{socket.gethostname()}:{os.getpid()}"
         self._on_lost = on_lost
         self._auto_renew = auto_renew
         self._acquire_timeout_s = acquire_timeout_s
-        self._acquire = client.register_script(ACQUIRE)
-        self._renew = client.register_script(EXTEND_IF_OWNER)
-        self._release = client.register_script(RELEASE)
+        self._owned = OwnedKeys(client)
         self._token: str | None = None
         self._held = False
         self._valid_until = 0.0
@@ -131,7 +108,7 @@ class Lease:
         delay = min(0.05, self.ttl_s / 10)
         while True:
             sent = time.monotonic()
-            if await self._acquire(keys=[self.key], args=[token, self._ttl_ms]):
+            if await self._owned.acquire(self.key, token, self.ttl_s):
                 self._token = token
                 self._held = True
                 self._valid_until = sent + self.ttl_s
@@ -156,12 +133,12 @@ class Lease:
         A Redis error here is logged, not raised: the key then expires by its TTL. Safe to
         call from ``on_lost`` (the watchdog is not awaited then) and more than once.
         """
-        reply = await self._release_with(self._release, [])
+        reply = await self._release_with(lambda token: self._owned.delete_if_owner(self.key, token))
         return bool(reply)
 
-    async def _release_with(self, script: Any, extra_keys: list[str]) -> Any:
-        """Stop the watchdog and run a release ``script`` (keys: ours + ``extra_keys``,
-        args: our token); its reply, or None when there was nothing to release or it failed."""
+    async def _release_with(self, release: Callable[[str], Awaitable[Any]]) -> Any:
+        """Stop the watchdog and ``release`` with our token (an owner-checked delete);
+        its reply, or None when there was nothing to release or it failed."""
         watchdog, self._watchdog = self._watchdog, None
         await stop_task(watchdog)
         self._held = False
@@ -171,7 +148,7 @@ class Lease:
         try:
             # Bounded: once the TTL has passed the key is gone anyway.
             async with asyncio.timeout(min(self.ttl_s, MAX_RELEASE_WAIT_S)):
-                return await script(keys=[self.key, *extra_keys], args=[token])
+                return await release(token)
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("store.lease.release_failed", key=self.key, error=type(exc).__name__)
             return None
@@ -197,7 +174,7 @@ class Lease:
                 return
             try:
                 async with asyncio.timeout(remaining):
-                    renewed = await self._renew(keys=[self.key], args=[token, self._ttl_ms])
+                    renewed = await self._owned.extend_if_owner(self.key, token, self.ttl_s)
             except (RedisError, OSError, TimeoutError) as exc:
                 log.warning("store.lease.renew_failed", key=self.key, error=type(exc).__name__)
                 if time.monotonic() >= self._valid_until:
@@ -226,30 +203,21 @@ class Lease:
             log.exception("store.lease.on_lost_failed", key=self.key)
 
 
+class LeaseOptions(TypedDict, total=False):
+    """:class:`Lease`'s keyword arguments, for leases whose key is derived (``SessionLock``)."""
+
+    ttl_s: float
+    owner: str | None
+    on_lost: OnLost | None
+    auto_renew: bool
+    acquire_timeout_s: float | None
+
+
 class SessionLock(Lease):
     """The one-active-run-per-session lock, ``<prefix>:lock:<session_key>``."""
 
-    def __init__(
-        self,
-        client: aioredis.Redis,
-        keys: Keys,
-        session_key: str,
-        *,
-        ttl_s: float = DEFAULT_TTL_S,
-        owner: str | None = None,
-        on_lost: OnLost | None = None,
-        auto_renew: bool = True,
-        acquire_timeout_s: float | None = None,
-    ) -> None:
-        super().__init__(
-            client,
-            keys.lock(session_key),
-            ttl_s=ttl_s,
-            owner=owner,
-            on_lost=on_lost,
-            auto_renew=auto_renew,
-            acquire_timeout_s=acquire_timeout_s,
-        )
+    def __init__(self, client: aioredis.Redis, keys: Keys, session_key: str, **options: Unpack[LeaseOptions]) -> None:
+        super().__init__(client, keys.lock(session_key), **options)
         self.session_key = session_key
         self._work_keys = [keys.inbox(session_key), keys.running(session_key)]
         self._release_session = client.register_script(RELEASE_SESSION)
@@ -257,7 +225,9 @@ class SessionLock(Lease):
     async def release_and_check(self) -> bool:
         """Release (as :meth:`release`) and say whether the session has work waiting at
         that moment, queued or left running; True also when that could not be read."""
-        reply = await self._release_with(self._release_session, self._work_keys)
+        reply = await self._release_with(
+            lambda token: self._release_session(keys=[self.key, *self._work_keys], args=[token])
+        )
         return reply is None or bool(reply[1])
 
     async def __aenter__(self) -> SessionLock:

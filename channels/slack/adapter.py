@@ -16,7 +16,7 @@ response instead: over HTTP that is the answer, and Slack retries with
 ``X-Slack-Retry-Num``; in Socket Mode bolt's handler sends no ack for a non-200, and
 Slack redelivers the envelope. The submit itself is never cancelled at the deadline
 (a half-done ``/new`` must not be cut off): it finishes in the background, and the
-redelivery is then answered by the dedupe. The same holds for slash commands and
+redelivery is then answered by the gateway's dedupe. The same holds for slash commands and
 approval buttons (Slack shows the person an error instead of retrying those); the
 approval message is updated in the background after the answer.
 """
@@ -39,7 +39,7 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.base import ChannelContext, ChannelStartError, KeyValue, PairingGate, SubmitResult, Target
+from channels.base import ChannelContext, ChannelStartError, KeyValue, PairingGate, Target
 from channels.slack.access import AccessPolicy
 from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.approval import approval_decided, approval_prompt
@@ -59,9 +59,7 @@ _T = TypeVar("_T")
 Observer = Callable[[str, Outcome], None]
 
 
-_TOKEN_ERRORS = frozenset(
-    {"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"}
-)
+_TOKEN_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"})
 
 
 def _not_accepted(outcome: Outcome) -> BoltResponse:
@@ -70,12 +68,6 @@ def _not_accepted(outcome: Outcome) -> BoltResponse:
         status=NOT_ACCEPTED_STATUS,
         body={"ok": False, "error": f"not accepted ({outcome.reason}), retry later"},
     )
-
-
-def _submitted(result: SubmitResult) -> Outcome:
-    if result.status == "error":
-        return Outcome("failed", result.detail or "not accepted")
-    return Outcome("submitted", result.status)
 
 
 class SlackStartError(ChannelStartError):
@@ -340,7 +332,7 @@ class SlackChannel:
             result = await self._commands.run_command(plan)
             if result is None:
                 return Outcome("denied" if plan.rejected == "denied" else "ignored", plan.rejected)
-            return _submitted(result)
+            return Outcome.of(result)
 
         outcome = await self._accept("command", work)
         if not outcome.accepted:
@@ -363,7 +355,7 @@ class SlackChannel:
         result = await self._commands.submit_approval(answer)
         if result.status in ("command", "queued"):
             self._spawn(self._mark_decided(answer))  # a Slack API call: not before the answer
-        return _submitted(result)
+        return Outcome.of(result)
 
     async def _mark_decided(self, answer: ApprovalAnswer) -> None:
         """Replace the approval prompt's buttons with who decided what."""

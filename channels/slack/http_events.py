@@ -10,7 +10,7 @@ submits the event to the gateway *before* the answer (see adapter.py): 200 once 
 accepted, 503 (:data:`NOT_ACCEPTED_STATUS`) when it could not be (Redis down, or no
 answer within ``accept_timeout_s``, which keeps the answer inside Slack's 3 seconds), so
 that Slack retries it with ``X-Slack-Retry-Num``; the retry is not taken for a duplicate
-of what was never accepted (intake.py). Bolt trusts the shape of what it reads out of a
+of what was never accepted (the gateway's dedupe marks a post only once it is stored). Bolt trusts the shape of what it reads out of a
 payload (ids, ``actions``, ``event.type``); where a payload breaks that, bolt logs the
 error and answers 500, and as every listener here turns its own failures into that 503,
 such a 500 can only come from a payload Slack would not send: it is answered 400.

@@ -1,4 +1,4 @@
-"""Slack events to RunRequests: filter, admit, dedupe, key the session, submit.
+"""Slack events to RunRequests: filter, admit, key the session, submit (the gateway dedupes).
 
 Socket Mode and HTTP Events both end here (through the bolt listeners in adapter.py),
 so there is one normalization path. What it decides:
@@ -12,26 +12,16 @@ so there is one normalization path. What it decides:
   ``dm_policy: pairing`` a user approved by pairing counts as allowed, and a stranger's
   DM is answered with a pairing code (once per post) instead of being submitted;
 - Slack's retries (same ``event_id``) and the message/app_mention twins of one post
-  (same team, channel, ts) give one submit;
+  (same team, channel, ts) carry one dedupe key, so the gateway runs the post once;
 - ``stop`` / ``!stop`` as the whole message becomes ``/stop``.
 
 An event is *accepted* once the gateway has taken it (``submit`` answered anything but
 ``error``); only then may the adapter acknowledge it to Slack. An :class:`Outcome` of
 ``failed`` means it was not accepted: the adapter answers 503 (HTTP) or leaves the
-envelope unacked (Socket Mode), and Slack delivers it again. So that the redelivery is
-not mistaken for a duplicate, the dedupe claim on ``(team, channel, ts)`` is two-staged:
-
-- taken as ``pending:<event_id>`` with a short TTL (:data:`PENDING_TTL_S`) before the
-  submit, so a twin or a retry arriving meanwhile knows the post is being handled;
-- turned into ``done:<event_id>`` for 24 h once the gateway accepted the event, or
-  deleted when it did not. If the delete itself fails (Redis went away mid-way), the
-  pending claim just expires, and Slack's next retry is taken.
-
-A post whose claim is pending under another ``event_id`` (its twin) is a duplicate:
-should the twin not be accepted, Slack delivers that twin again. A post pending under
-this very ``event_id`` (an earlier attempt still in flight, or its claim left behind) is
-not accepted yet: Slack is asked to retry later. The gateway dedupes the same key again
-atomically with the enqueue, so an expired claim can never make a message run twice.
+envelope unacked (Socket Mode), and Slack delivers it again. Dedupe is the gateway's:
+every event of one post (Slack's retries, the message/app_mention twins) carries the
+dedupe key ``slack:<team>:<channel>:<ts>``, and the gateway takes it atomically with
+the enqueue, so a post runs once and a retry of a post not yet accepted is taken.
 """
 
 from __future__ import annotations
@@ -43,7 +33,7 @@ from typing import Any, Literal
 import structlog
 
 from agent.types import RunRequest, SlackChat
-from channels.base import ChannelContext, PairingGate
+from channels.base import ChannelContext, PairingGate, SubmitResult
 from channels.slack.access import AccessPolicy
 from channels.slack.text import strip_mention, to_plain
 
@@ -51,13 +41,6 @@ log = structlog.get_logger(__name__)
 
 DAY_S = 24 * 3600
 THREAD_TTL_S = 7 * DAY_S
-DEDUPE_TTL_S = DAY_S
-# Outlives one attempt to accept an event (the adapter answers Slack within 3 s), and is
-# short enough that a claim a failed attempt could not delete does not hold up Slack's
-# next retry (Slack retries after about 1 minute, then 5).
-PENDING_TTL_S = 10.0
-PENDING = "pending:"
-DONE = "done:"
 
 # Subtypes that are still a person's new message; every other subtype is ignored.
 _PERSON_SUBTYPES = frozenset({"", "thread_broadcast", "file_share", "me_message"})
@@ -100,6 +83,15 @@ class Outcome:
     @property
     def accepted(self) -> bool:
         return self.status != "failed"
+
+    @classmethod
+    def of(cls, result: SubmitResult) -> Outcome:
+        """The gateway's answer to a submit: only ``error`` is not accepted."""
+        if result.status == "error":
+            return cls("failed", result.detail or "not accepted")
+        if result.status == "duplicate":
+            return cls("duplicate")
+        return cls("submitted", result.status)
 
 
 def is_dm_channel(channel: str, channel_type: str | None = None) -> bool:
@@ -165,7 +157,7 @@ class SlackIntake:
         if not policy.admits(is_dm=is_dm, channel_id=channel, user_id=user):
             log.info("slack.denied", channel=channel, user=user)
             if is_dm and self._pairing is not None:
-                return await self._challenge(team, channel, ts, event_id, user)
+                return await self._challenge(team, channel, ts, user)
             return Outcome("denied")
         if not is_dm and not mentioned and self._require_mention:
             assert thread_ts is not None
@@ -175,63 +167,29 @@ class SlackIntake:
         if not text:
             return Outcome("ignored", "empty")
 
-        dedupe = message_key(team, channel, ts)
-        claim = PENDING + event_id
-        if not await self._ctx.kv.set_nx(dedupe, claim, PENDING_TTL_S):
-            return await self._claimed_before(dedupe, claim, event_id)
-
         control = text.lower() in _STOP_WORDS
         try:
             request = await self._request(
                 team=team, channel=channel, user=user, ts=ts, thread_ts=thread_ts, is_dm=is_dm,
-                text="/stop" if control else text, control=control, dedupe=dedupe,
+                text="/stop" if control else text, control=control,
             )  # fmt: skip
             result = await self._ctx.submit(request)
         except Exception as exc:
-            await self._release(dedupe)
             log.error("slack.submit_failed", event_id=event_id, error=str(exc))
             return Outcome("failed", type(exc).__name__)
-        if result.status == "error":
-            await self._release(dedupe)
+        outcome = Outcome.of(result)
+        if not outcome.accepted:
             log.error("slack.not_accepted", event_id=event_id, run_id=request.run_id, detail=result.detail)
-            return Outcome("failed", result.detail or "not accepted")
-        try:
-            await self._ctx.kv.set(dedupe, DONE + event_id, DEDUPE_TTL_S)
-        except Exception as exc:  # accepted all the same; the gateway's own dedupe still holds
-            log.warning("slack.dedupe_confirm_failed", key=dedupe, error=str(exc))
-        log.info(
-            "slack.submitted",
-            run_id=request.run_id,
-            session_key=request.session_key,
-            status=result.status,
-        )
-        return Outcome("submitted", result.status)
+        else:
+            log.info("slack.submitted", run_id=request.run_id, session_key=request.session_key, status=result.status)
+        return outcome
 
-    async def _challenge(self, team: str, channel: str, ts: str, event_id: str, user: str) -> Outcome:
+    async def _challenge(self, team: str, channel: str, ts: str, user: str) -> Outcome:
         """A stranger's DM under ``dm_policy: pairing``: a code, once per post (Slack retries)."""
-        if not await self._ctx.kv.set_nx(message_key(team, channel, ts), DONE + event_id, DEDUPE_TTL_S):
-            return Outcome("duplicate", "message")
-        if self._pairing is not None:
-            await self._pairing.challenge(user, user, channel)
+        assert self._pairing is not None
+        if not await self._pairing.challenge(user, user, channel, dedupe_key=message_key(team, channel, ts)):
+            return Outcome("duplicate")
         return Outcome("denied", "pairing")
-
-    async def _claimed_before(self, dedupe: str, claim: str, event_id: str) -> Outcome:
-        """The post is claimed already: a duplicate, or (this event pending) not accepted yet."""
-        held = await self._ctx.kv.get(dedupe)
-        if held is None or held == claim:
-            # Released or expired meanwhile, or this very event is still being accepted
-            # (or its claim was left behind): not accepted yet, so Slack must retry.
-            return Outcome("failed", "in_flight")
-        if held.startswith(PENDING):
-            return Outcome("duplicate", "message")  # the twin; redelivered if it fails
-        return Outcome("duplicate", "event_id" if event_id and held == DONE + event_id else "message")
-
-    async def _release(self, dedupe: str) -> None:
-        """Free the claim so the redelivery is taken; if Redis is gone, it expires."""
-        try:
-            await self._ctx.kv.delete(dedupe)
-        except Exception as exc:
-            log.warning("slack.dedupe_release_failed", key=dedupe, error=str(exc))
 
     async def _request(
         self,
@@ -244,7 +202,6 @@ class SlackIntake:
         is_dm: bool,
         text: str,
         control: bool,
-        dedupe: str,
     ) -> RunRequest:
         if is_dm:
             session = self._ctx.session_key("dm", user)
@@ -267,6 +224,6 @@ class SlackIntake:
             user_id=user,
             text=text,
             reply_to=ts,
-            dedupe_key=dedupe,
+            dedupe_key=message_key(team, channel, ts),
             chat=SlackChat(team=team, scope="dm" if is_dm else "channel"),
         )

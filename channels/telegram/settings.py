@@ -2,7 +2,8 @@
 
 Channels may not import ``bot``, so the daemon maps its ``telegram`` config section to
 this dataclass (or hands the section to :meth:`TelegramSettings.from_config`, which
-only reads attributes). Secrets are kept out of ``repr``.
+only reads attributes). Secrets are kept out of ``repr``. Rules between config keys
+(``webhook_url`` required in webhook mode) are checked once, by ``bot/config.py``.
 """
 
 from __future__ import annotations
@@ -54,8 +55,6 @@ class TelegramSettings:
             raise ValueError("telegram.token must look like '<bot id>:<secret>'")
         if self.mode not in ("polling", "webhook"):
             raise ValueError(f"telegram.mode must be polling or webhook, got {self.mode!r}")
-        if self.mode == "webhook" and not self.webhook_url:
-            raise ValueError("telegram.webhook_url is required in webhook mode")
         if self.webhook_secret is not None and not _SECRET_OK.match(self.webhook_secret):
             raise ValueError("telegram.webhook_secret may only use A-Z a-z 0-9 _ - (1 to 256 characters)")
         if not self.webhook_path.startswith("/"):

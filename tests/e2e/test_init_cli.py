@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bot.config import load_config
+from bot.config_file import load_config
 from tests.e2e.botd_process import free_port
 from tests.e2e.cli_rig import TELEGRAM_TOKEN, assert_no_traceback, botd
 from tests.fakes.openai_server import FakeOpenAI

@@ -1,7 +1,9 @@
 """A ChannelContext for driving the Slack channel without the gateway.
 
-``submit`` records RunRequests, the key-value store is real Redis (the test fixture's
-client), and ``add_route`` mounts handlers on a real aiohttp server on 127.0.0.1.
+``submit`` records RunRequests after the gateway's own dedupe (the real code: a message
+is marked atomically with its enqueue, a command in two stages), the key-value store is
+real Redis (the test fixture's client), and ``add_route`` mounts handlers on a real
+aiohttp server on 127.0.0.1.
 ``refuse(n)`` makes the next ``n`` submits answer ``error`` the way the gateway does
 when Redis is down (recorded in ``refused``, not in ``requests``).
 """
@@ -18,50 +20,28 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from agent.types import RunRequest
+from bot.gateway.control import parse_command
+from bot.gateway.inbox import Deduper, Inbox
 from bot.session_keys import session_key
+from bot.store.keys import Keys
+from bot.store.kv import RedisKeyValue as StoreKeyValue
 from channels.base import ChannelContext, RouteHandler, SubmitResult
 from channels.slack.intake import Outcome
 
-_EXTEND = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-"""
 
+class RedisKeyValue(StoreKeyValue):
+    """The daemon's KeyValue on the test's Redis, plus ``ttl`` for assertions."""
 
-class RedisKeyValue:
-    """channels.base.KeyValue over redis.asyncio, every key under ``prefix:``."""
+    @property
+    def client(self) -> aioredis.Redis:
+        return self._client
 
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
-        self._r = client
-        self._prefix = prefix
-
-    def _k(self, key: str) -> str:
-        return f"{self._prefix}:{key}"
-
-    async def set_nx(self, key: str, value: str, ttl_s: float) -> bool:
-        return bool(await self._r.set(self._k(key), value, nx=True, px=max(1, int(ttl_s * 1000))))
-
-    async def get(self, key: str) -> str | None:
-        value = await self._r.get(self._k(key))
-        return None if value is None else str(value)
-
-    async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
-        if ttl_s is None:
-            await self._r.set(self._k(key), value)
-        else:
-            await self._r.set(self._k(key), value, px=max(1, int(ttl_s * 1000)))
-
-    async def delete(self, key: str) -> None:
-        await self._r.delete(self._k(key))
-
-    async def extend_if_owner(self, key: str, value: str, ttl_s: float) -> bool:
-        result = await self._r.eval(_EXTEND, 1, self._k(key), value, int(ttl_s * 1000))  # type: ignore[misc]
-        return bool(result)
+    @property
+    def keys(self) -> Keys:
+        return self._keys
 
     async def ttl(self, key: str) -> int:
-        return int(await self._r.ttl(self._k(key)))
+        return int(await self._client.ttl(self._keys.kv(key)))
 
 
 Status = Literal["queued", "duplicate", "command", "denied", "dropped", "error"]
@@ -72,6 +52,8 @@ class RecordingContext:
 
     def __init__(self, kv: RedisKeyValue, *, agent_id: str = "main", status: Status = "queued") -> None:
         self.kv = kv
+        self.dedupe = Deduper(kv.client, kv.keys)
+        self._inbox = Inbox(kv.client, kv.keys.prefix)
         self.status: Status = status
         self.fail_submit: Exception | None = None
         self.refusals = 0
@@ -100,7 +82,15 @@ class RecordingContext:
             self.refused.append(request)
             await self._notify()
             return SubmitResult("error", "store unavailable")
+        command = parse_command(request.text)
+        claim = await self.dedupe.claim(request.dedupe_key) if command and request.dedupe_key else None
+        if claim is not None and claim.status != "first":
+            return SubmitResult("duplicate") if claim.status == "duplicate" else SubmitResult("error", "in flight")
+        if command is None and (await self._inbox.enqueue(request, 1000, dedupe_key=request.dedupe_key)).duplicate:
+            return SubmitResult("duplicate")
         self.requests.append(request)
+        if claim is not None:
+            await self.dedupe.confirm(claim)
         await self._notify()
         status: Status = self.status
         if request.text.startswith("/"):

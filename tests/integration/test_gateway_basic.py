@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -202,3 +203,44 @@ async def test_a_command_that_failed_half_way_is_run_again_on_the_retry(
         assert second.status == "command"
         await bot.channel.wait_for(lambda ch: any("Commands:" in t for t in ch.texts("notice")))
         assert calls == 2
+
+
+async def test_a_command_redelivered_while_it_is_handled_is_not_accepted_yet(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        control = bot.gateway.control
+        real_handle = control.handle
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def slow_handle(*args: object, **kwargs: object) -> None:
+            entered.set()
+            await release.wait()
+            await real_handle(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(control, "handle", slow_handle)
+        first = asyncio.create_task(bot.send("/help", dedupe_key="update:slow"))
+        await entered.wait()
+        again = await bot.send("/help", dedupe_key="update:slow")
+        assert again.status == "error"  # the platform retries later; the first may still fail
+        release.set()
+        assert (await first).status == "command"
+        assert (await bot.send("/help", dedupe_key="update:slow")).status == "duplicate"
+
+
+async def test_a_command_that_raised_is_not_run_again_by_redeliveries(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        calls = 0
+
+        async def broken_handle(*args: object, **kwargs: object) -> None:
+            nonlocal calls
+            calls += 1
+            raise KeyError("a bug in the command")
+
+        monkeypatch.setattr(bot.gateway.control, "handle", broken_handle)
+        with pytest.raises(KeyError):
+            await bot.send("/status", dedupe_key="update:bug")
+        assert (await bot.send("/status", dedupe_key="update:bug")).status == "duplicate"
+        assert calls == 1

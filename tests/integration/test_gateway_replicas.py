@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agent.types import RunRequest, ToolPolicy
-from bot.scheduled_runner import GatewayScheduledRunner
+from bot.app import ScheduledRunner
 from bot.session_keys import cron_session_key
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.fakes.recording_channel import RecordingChannel
@@ -106,7 +106,7 @@ async def test_a_missed_stop_broadcast_is_noticed_before_the_next_llm_call(
 
 async def test_scheduled_runs_report_their_outcome(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
     async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
-        runner = GatewayScheduledRunner(bot.gateway, bot.app.channels)
+        runner = ScheduledRunner(bot.gateway, bot.app.channels)
 
         def fire(job: str, text: str) -> RunRequest:
             return RunRequest(

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 import redis.asyncio as aioredis
 
+from bot.gateway.inbox import Deduper
 from bot.pairing import (
     ALPHABET,
     APPROVED_TEXT,
@@ -141,7 +142,7 @@ async def test_the_stranger_is_answered_in_their_chat_and_told_once_when_approve
     store: PairingStore, redis_client: aioredis.Redis, keys: Keys
 ) -> None:
     telegram = RecordingChannel(name="telegram")
-    gate = ChannelPairing(store, "telegram", {"telegram": telegram})
+    gate = ChannelPairing(store, "telegram", {"telegram": telegram}, Deduper(redis_client, keys))
     await gate.challenge("42", "Ann", "42")
     [sent] = telegram.sent
     request = await store.approve(sent.text.split("code: ")[1][:CODE_LENGTH])
@@ -158,7 +159,8 @@ async def test_a_store_failure_never_reaches_the_channel(redis_client: aioredis.
     broken = aioredis.Redis.from_url("redis://127.0.0.1:1/0", socket_connect_timeout=0.2, retry=None)
     telegram = RecordingChannel(name="telegram")
     try:
-        await ChannelPairing(PairingStore(broken, keys), "telegram", {"telegram": telegram}).challenge("42", "", "42")
+        gate = ChannelPairing(PairingStore(broken, keys), "telegram", {"telegram": telegram}, Deduper(broken, keys))
+        await gate.challenge("42", "", "42")
     finally:
         await broken.aclose()
     assert telegram.sent == []

@@ -16,6 +16,7 @@ import redis.asyncio as aioredis
 from agent.types import RunRequest
 from bot.gateway.signals import Broadcast
 from bot.store.keys import Keys
+from bot.store.owned import OwnedKeys
 from scheduler.cron_commands import CronAddOptions, cron_add, cron_run_now, wait_for_run
 from scheduler.cron_tool import CronTool
 from scheduler.jobs import CronJob, apply_run
@@ -50,6 +51,7 @@ async def replicas(redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Pa
             redis_client,
             Keys(redis_prefix),
             runner,
+            owned=OwnedKeys(redis_client),
             signals=signals,
             heartbeat=heartbeat or HeartbeatSettings(),
             settings=SchedulerSettings(  # type: ignore[arg-type]
@@ -198,7 +200,7 @@ async def test_missed_runs_catch_up_once(
     await a.stop()
     _, runner_c = await replicas()
     assert not await wait_until(lambda: len(runner_c.requests) > 0, 1.0)
-    assert await FireClaims(redis_client, Keys(redis_prefix)).last_fire("hourly") == created + timedelta(hours=5)
+    assert await FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client)).last_fire("hourly") == created + timedelta(hours=5)
 
 
 async def test_missed_runs_after_the_last_recorded_fire(
@@ -210,7 +212,7 @@ async def test_missed_runs_after_the_last_recorded_fire(
     await store.add(
         stored_job("hourly", schedule=EverySchedule(every_s=3600, anchor=created), created_at=created)
     )
-    await FireClaims(redis_client, Keys(redis_prefix)).note_fire(
+    await FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client)).note_fire(
         "hourly", now - timedelta(minutes=10)
     )  # the latest grid time
     _, runner = await replicas()
@@ -276,7 +278,7 @@ async def test_heartbeat_catches_up_once_after_downtime(
     replicas: Factory, redis_client: aioredis.Redis, redis_prefix: str, tmp_path: Path
 ) -> None:
     (tmp_path / "HEARTBEAT.md").write_text("- look at the error dashboard\n", encoding="utf-8")
-    await FireClaims(redis_client, Keys(redis_prefix)).note_fire("heartbeat", utc_now() - timedelta(hours=2))
+    await FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client)).note_fire("heartbeat", utc_now() - timedelta(hours=2))
     heartbeat = HeartbeatSettings(enabled=True, every="30m", target=TARGET)
     a, runner_a = await replicas(heartbeat=heartbeat)
     b, runner_b = await replicas(heartbeat=heartbeat)
@@ -296,7 +298,7 @@ async def test_first_start_sets_the_heartbeat_baseline_without_a_run(
 ) -> None:
     (tmp_path / "HEARTBEAT.md").write_text("- task\n", encoding="utf-8")
     _, runner = await replicas(heartbeat=HeartbeatSettings(enabled=True, every="30m", target=TARGET))
-    assert await FireClaims(redis_client, Keys(redis_prefix)).last_fire("heartbeat") is not None
+    assert await FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client)).last_fire("heartbeat") is not None
     assert not await wait_until(lambda: len(runner.requests) > 0, 0.5)
 
 

@@ -9,6 +9,7 @@ import re
 import pytest
 import redis.asyncio as aioredis
 
+from bot.gateway.inbox import Deduper
 from bot.pairing import ChannelPairing, PairingStore
 from bot.store.keys import Keys
 from channels.slack.access import AccessPolicy
@@ -39,8 +40,8 @@ def slack() -> RecordingChannel:
 
 
 @pytest.fixture
-def gate(store: PairingStore, slack: RecordingChannel) -> ChannelPairing:
-    return ChannelPairing(store, "slack", {"slack": slack})
+def gate(store: PairingStore, slack: RecordingChannel, redis_client: aioredis.Redis, redis_prefix: str) -> ChannelPairing:
+    return ChannelPairing(store, "slack", {"slack": slack}, Deduper(redis_client, Keys(redis_prefix)))
 
 
 def intake(rec: RecordingContext, gate: ChannelPairing | None) -> SlackIntake:

@@ -70,31 +70,49 @@ async def test_kv_rejects_bad_ttls(kv: RedisKeyValue, bad: object) -> None:
     assert await kv.get("k") is None
 
 
-async def test_dedupe_first_time_once(redis_client: aioredis.Redis, keys: Keys) -> None:
+async def test_a_command_mark_is_pending_then_done(redis_client: aioredis.Redis, keys: Keys) -> None:
     dedupe = Deduper(redis_client, keys)
-    assert await dedupe.first_time("telegram:update:1001")
-    assert not await dedupe.first_time("telegram:update:1001")
-    assert await dedupe.first_time("telegram:update:1002")
-    pttl = await redis_client.pttl(keys.dedupe("telegram:update:1001"))
-    assert 86_000_000 < pttl <= 86_400_000
-    await dedupe.forget("telegram:update:1001")
-    assert await dedupe.first_time("telegram:update:1001", ttl_s=60)
+    first = await dedupe.claim("telegram:update:1001")
+    assert first.status == "first"
     assert 0 < await redis_client.pttl(keys.dedupe("telegram:update:1001")) <= 60_000
+    # A redelivery while the first is being handled is not a duplicate yet: retry later.
+    assert (await dedupe.claim("telegram:update:1001")).status == "in_flight"
+    assert (await dedupe.claim("telegram:update:1002")).status == "first"
+    await dedupe.confirm(first)
+    assert (await dedupe.claim("telegram:update:1001")).status == "duplicate"
+    assert 86_000_000 < await redis_client.pttl(keys.dedupe("telegram:update:1001")) <= 86_400_000
+
+
+async def test_a_released_mark_lets_the_redelivery_through(redis_client: aioredis.Redis, keys: Keys) -> None:
+    dedupe = Deduper(redis_client, keys)
+    first = await dedupe.claim("slack:T1:C1:1.1")
+    late = await dedupe.claim("slack:T1:C1:1.1")
+    await dedupe.release(late)  # not the holder: changes nothing
+    assert (await dedupe.claim("slack:T1:C1:1.1")).status == "in_flight"
+    await dedupe.release(first)
+    assert (await dedupe.claim("slack:T1:C1:1.1")).status == "first"
+
+
+async def test_a_pending_mark_left_by_a_crash_expires(redis_client: aioredis.Redis, keys: Keys) -> None:
+    dedupe = Deduper(redis_client, keys)
+    assert (await dedupe.claim("telegram:update:7", pending_ttl_s=0.2)).status == "first"
+    await asyncio.sleep(0.4)
+    assert (await dedupe.claim("telegram:update:7")).status == "first"
 
 
 async def test_dedupe_under_concurrency(redis_client: aioredis.Redis, keys: Keys) -> None:
     replicas = [Deduper(redis_client, keys) for _ in range(4)]
-    results = await asyncio.gather(*(replicas[i % 4].first_time("slack:event:Ev1") for i in range(40)))
-    assert results.count(True) == 1
+    claims = await asyncio.gather(*(replicas[i % 4].claim("slack:event:Ev1") for i in range(40)))
+    assert [c.status for c in claims].count("first") == 1
 
 
 async def test_dedupe_rejects_bad_input(redis_client: aioredis.Redis, keys: Keys) -> None:
     dedupe = Deduper(redis_client, keys)
     with pytest.raises(ValueError):
-        await dedupe.first_time("")
+        await dedupe.claim("")
     with pytest.raises(ValueError, match="ttl_s"):
-        await dedupe.first_time("x", ttl_s=0)
-    assert await dedupe.first_time("x")
+        await dedupe.claim("x", pending_ttl_s=0)
+    assert (await dedupe.claim("x")).status == "first"
 
 
 def test_key_names() -> None:

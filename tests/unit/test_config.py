@@ -4,7 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError, load_config
+from bot.config import ConfigError
+from bot.config_file import load_config
 
 
 @pytest.fixture(autouse=True)
@@ -62,6 +63,7 @@ def test_botd_config_env_names_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         ("scheduler: {timezone: Nowhere}", "scheduler.timezone"),
         ("agent: {colour: blue}", "agent.colour"),
         ("telegram: {enabled: true}", "telegram"),
+        ("telegram: {enabled: true, token: '1:x', mode: webhook}", "telegram.webhook_url"),
         ("slack: {enabled: true, bot_token: x, mode: http}", "slack"),
         ("slack: {dm_policy: everyone}", "slack.dm_policy"),
         ("telegram: {dm_policy: strangers}", "telegram.dm_policy"),

@@ -4,7 +4,7 @@ Checks the Dockerfile (build context, non-root, health check, no secrets), the c
 file (botd + Redis with AOF), the systemd unit (restart, drain timing, sandboxing; and
 ``systemd-analyze verify`` where that tool is installed), the Kubernetes manifests
 (replicas, probes, non-root, read-only root, drain timing, cross-references) and that
-the example configurations load with ``bot.config.load_config``.
+the example configurations load with ``bot.config_file.load_config``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
-from bot.config import PLAIN_ENV, BotdConfig, load_config
+from bot.config import BotdConfig
+from bot.config_file import PLAIN_ENV, load_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"

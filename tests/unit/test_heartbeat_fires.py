@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from agent.tools.registry import ToolSettings
 from bot.store.keys import Keys
+from bot.store.owned import OwnedKeys
 from bot.workspaces import SessionWorkspaces
 from scheduler.fires import DEFAULT_HEARTBEAT_PROMPT
 from scheduler.heartbeat import HeartbeatFires
@@ -51,7 +52,7 @@ def make(
 
     return HeartbeatFires(
         settings,
-        FireClaims(redis_client, Keys(prefix)),
+        FireClaims(redis_client, Keys(prefix), OwnedKeys(redis_client)),
         RunLedger(redis_client, Keys(prefix)),
         runner,
         workspace=workspace,
@@ -222,7 +223,7 @@ async def test_each_fire_is_claimed_once(
     results = [await a.fire(NOON), await b.fire(NOON)]
     assert sum(r is not None for r in results) == 1
     assert len(first.requests) + len(second.requests) == 1
-    assert await FireClaims(redis_client, Keys(redis_prefix)).last_fire("heartbeat") == NOON
+    assert await FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client)).last_fire("heartbeat") == NOON
     ttl = await redis_client.ttl(f"{redis_prefix}:fire:heartbeat:2027-01-15T12:00:00Z")
     assert 0 < ttl <= 7 * 86400
 
@@ -267,7 +268,7 @@ async def test_the_target_chats_own_checklist_comes_before_the_roots(
     workspaces = SessionWorkspaces(ToolSettings(workspace=root), "user")
     runner = RecordingRunner()
     hb = HeartbeatFires(
-        HeartbeatSettings(enabled=True, every="30m", target=TARGET), FireClaims(redis_client, Keys(redis_prefix)), RunLedger(redis_client, Keys(redis_prefix)),
+        HeartbeatSettings(enabled=True, every="30m", target=TARGET), FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client)), RunLedger(redis_client, Keys(redis_prefix)),
         runner, workspace=root, checklist_dirs=lambda: workspaces.lookup_dirs("telegram", "-1001"),
         agent_id="main", session_key="agent:main:heartbeat", clock=ManualClock(NOON), owner="test",
     )

@@ -455,6 +455,9 @@ class BrokenModel:
     async def complete(self, messages: Sequence[Message], tools: Any, on_delta: Any = None) -> Any:
         raise KeyError("choices")
 
+    async def aclose(self) -> None:
+        """Holds nothing."""
+
 
 class NoOutputTool(Tool):
     name = "nothing"

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from agent.llm import LLMClient
-from bot.config import BotdConfig, ConfigError, load_config
+from bot.config import BotdConfig, ConfigError
+from bot.config_file import load_config
 from bot.models import ModelCatalog, build_client, check_models
 
 

@@ -10,7 +10,8 @@ import yaml
 
 from bot.cli import build_parser
 from bot.cli_commands import format_session_table
-from bot.config import BotdConfig, load_config
+from bot.config import BotdConfig
+from bot.config_file import load_config
 from bot.init_wizard import Answers, check_rendered, render_config, write_private
 from bot.probes import slack_token_problems, telegram_token_problem
 from bot.store.sessions import SessionInfo

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 import redis.asyncio as aioredis
 
 from bot.store.keys import Keys
+from bot.store.owned import OwnedKeys
 from scheduler.fires import CronFires
 from scheduler.jobs import (
     BACKOFF_LADDER_S,
@@ -131,7 +132,7 @@ async def test_ten_failures_in_a_row_notify_the_chat_exactly_once(
     runner = RecordingRunner(status="error", error="the model is unreachable")
     fires = CronFires(
         store,
-        FireClaims(redis_client, Keys(redis_prefix)),
+        FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client)),
         runner,
         agent_id="main",
         session_key_for_job=lambda job_id: f"agent:main:cron:{job_id}",
@@ -172,7 +173,7 @@ async def test_fire_before_the_back_off_floor_is_not_run(
     runner = RecordingRunner()
     fires = CronFires(
         store,
-        FireClaims(redis_client, Keys(redis_prefix)),
+        FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client)),
         runner,
         agent_id="main",
         session_key_for_job=lambda job_id: job_id,
@@ -188,7 +189,7 @@ async def test_fire_before_the_back_off_floor_is_not_run(
 
 async def test_overlapping_runs_are_skipped(redis_client: aioredis.Redis, redis_prefix: str) -> None:
     store = JobStore(redis_client, Keys(redis_prefix))
-    claims = FireClaims(redis_client, Keys(redis_prefix))
+    claims = FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client))
     runner = RecordingRunner()
     fires = CronFires(
         store,

@@ -11,6 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from bot.store.keys import Keys
+from bot.store.owned import OwnedKeys
 from scheduler.jobs import CorruptJobError, CronJob, DuplicateJobError, RunRecord
 from scheduler.ports import JobTarget
 from scheduler.schedules import parse_every
@@ -159,7 +160,7 @@ async def test_run_now_queue(redis_client: aioredis.Redis, redis_prefix: str) ->
 
 
 async def test_claims_and_last_fire(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    claims = FireClaims(redis_client, Keys(redis_prefix), ttl_s=3600)
+    claims = FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client), ttl_s=3600)
     fire = datetime(2027, 5, 3, 10, 0, 0, 123_000, tzinfo=UTC)
     assert claims.fire_key("daily", fire) == f"{redis_prefix}:fire:daily:2027-05-03T10:00:00Z"
     assert await claims.claim("daily", fire, "a")
@@ -178,7 +179,7 @@ async def test_claims_and_last_fire(redis_client: aioredis.Redis, redis_prefix: 
 
 
 async def test_running_marker_belongs_to_its_holder(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    claims = FireClaims(redis_client, Keys(redis_prefix))
+    claims = FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client))
     token = await claims.acquire_running("daily", 30)
     assert token is not None
     assert await claims.acquire_running("daily", 30) is None
@@ -196,7 +197,7 @@ async def test_works_with_a_client_that_does_not_decode(redis_url: str, redis_pr
         assert [j.id for j in await store.list()] == ["daily"]
         fetched = await store.get("daily")
         assert fetched is not None and fetched.id == "daily"
-        claims = FireClaims(raw, Keys(redis_prefix))
+        claims = FireClaims(raw, Keys(redis_prefix), OwnedKeys(raw))
         await claims.note_fire("daily", NOW)
         assert await claims.last_fire("daily") == NOW
         await store.request_run_now("daily", NOW)

@@ -301,8 +301,6 @@ def test_callback_with_unknown_data(fake: FakeTelegram) -> None:
 def test_settings_validation_errors_name_the_key() -> None:
     with pytest.raises(ValueError, match="telegram.token"):
         TelegramSettings(token="nocolon")
-    with pytest.raises(ValueError, match="telegram.webhook_url"):
-        TelegramSettings(token=TOKEN, mode="webhook")
     with pytest.raises(ValueError, match="telegram.webhook_secret"):
         TelegramSettings(token=TOKEN, webhook_secret="bad secret!")
 

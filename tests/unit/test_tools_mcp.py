@@ -12,7 +12,8 @@ from agent.tools.mcp import McpManager
 from agent.tools.mcp_spec import McpServerSpec
 from agent.tools.mcp_tool import MAX_FILE_BYTES, input_schema, public_name, render_result
 from agent.tools.registry import ToolRegistry
-from bot.config import BotdConfig, ConfigError, load_config
+from bot.config import BotdConfig, ConfigError
+from bot.config_file import load_config
 from bot.mcp_servers import server_specs
 
 

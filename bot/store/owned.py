@@ -1,0 +1,72 @@
+"""Keys that hold their owner's token: taken, kept and deleted only by that owner.
+
+Leases (locks.py), the adapters' key-value space (kv.py), the gateway's dedupe marks and
+the scheduler's running markers rest on the same compare-and-set Lua scripts, so they are
+written here once. The scheduler may not import ``bot``: it receives :class:`OwnedKeys`
+through its port (``scheduler.ports.OwnedKeys``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import redis.asyncio as aioredis
+
+# Take the key if free; also succeeds (and refreshes the TTL) when it already holds our
+# token, so a command the client retried after a lost reply still reads as taken by us.
+ACQUIRE = """
+local current = redis.call('GET', KEYS[1])
+if not current then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+return 0
+"""
+
+EXTEND_IF_OWNER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+
+DELETE_IF_OWNER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+def ttl_ms(ttl_s: float) -> int:
+    """A TTL in whole milliseconds (rounded up); non-positive TTLs are a caller bug."""
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not math.isfinite(ttl_s):
+        raise ValueError(f"ttl_s must be a finite number of seconds, got {ttl_s!r}")
+    if ttl_s <= 0:
+        raise ValueError(f"ttl_s must be positive, got {ttl_s!r}")
+    return max(1, math.ceil(ttl_s * 1000))
+
+
+class OwnedKeys:
+    """The three owner-checked operations on full key names (callers build them with ``Keys``)."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._acquire = client.register_script(ACQUIRE)
+        self._extend = client.register_script(EXTEND_IF_OWNER)
+        self._delete = client.register_script(DELETE_IF_OWNER)
+
+    async def acquire(self, key: str, token: str, ttl_s: float) -> bool:
+        """Set ``key`` to ``token`` for ``ttl_s`` unless another token holds it."""
+        return bool(await self._acquire(keys=[key], args=[token, ttl_ms(ttl_s)]))
+
+    async def extend_if_owner(self, key: str, token: str, ttl_s: float) -> bool:
+        """Renew the TTL while ``key`` still holds ``token``; False when it is gone or taken."""
+        return bool(await self._extend(keys=[key], args=[token, ttl_ms(ttl_s)]))
+
+    async def delete_if_owner(self, key: str, token: str) -> bool:
+        """Delete ``key`` if it still holds ``token``; True when it was deleted."""
+        return bool(await self._delete(keys=[key], args=[token]))
