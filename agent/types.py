@@ -66,6 +66,26 @@ class SlackChat(BaseModel):
 ChatRef = Annotated[TelegramChat | SlackChat, Field(discriminator="platform")]
 
 
+AttachmentKind = Literal["photo", "document", "audio", "voice", "video", "video_note", "sticker", "file"]
+
+
+class Attachment(BaseModel):
+    """A file a person sent with a message, as the platform describes it (nothing fetched yet).
+
+    ``name``, ``mime`` and ``size`` are the platform's claims: shown to nobody as a path and
+    checked again while the file is downloaded.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: AttachmentKind
+    file_id: str  # the platform's handle: a Telegram file_id, a Slack file id
+    name: str = ""
+    mime: str = ""
+    size: int | None = None
+    url: str | None = None  # where to download it, when the platform says so up front (Slack)
+
+
 class RunRequest(BaseModel):
     """One unit of work for the gateway: a chat message, a heartbeat or a cron fire."""
 
@@ -85,6 +105,7 @@ class RunRequest(BaseModel):
     received_at: float = Field(default_factory=time.time)
     dedupe_key: str | None = None
     chat: ChatRef | None = None
+    attachments: list[Attachment] = Field(default_factory=list)
     # Scheduling facts for the daemon (job_id, fire_time, trigger, fresh_session, timeout_s).
     meta: dict[str, str] = Field(default_factory=dict)
 
@@ -107,6 +128,8 @@ class Message(BaseModel):
     is_error: bool = False
     reasoning: str | None = None
     name: str | None = None
+    # Images for vision models (data URLs), sent as ``image_url`` parts of a user message.
+    images: list[str] | None = None
 
     @classmethod
     def system(cls, text: str) -> Message:
@@ -134,6 +157,10 @@ class Message(BaseModel):
                     {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                     for c in self.tool_calls
                 ]
+        elif self.images and self.role == "user":
+            parts: list[dict[str, Any]] = [{"type": "text", "text": self.content or ""}]
+            parts.extend({"type": "image_url", "image_url": {"url": url}} for url in self.images)
+            out["content"] = parts
         else:
             out["content"] = self.content or ""
         if self.role == "tool":

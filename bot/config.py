@@ -59,6 +59,7 @@ class LLMConfig(_Section):
     max_output_tokens: int = Field(4096, ge=1)
     request_timeout_s: float = Field(120, gt=0)
     max_retries: int = Field(3, ge=0, le=10)
+    vision: bool = False  # also send images as image_url parts (the model must accept them)
 
 
 class RedisConfig(_Section):
@@ -215,6 +216,15 @@ class LogConfig(_Section):
     format: Literal["json", "console"] = "json"
 
 
+class AttachmentsConfig(_Section):
+    """Files people send: fetched into the session's ``inbox/``, within these limits."""
+
+    enabled: bool = True
+    max_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    max_files: int = Field(10, ge=1, le=100)
+    keep_days: float = Field(7, gt=0)
+
+
 class BotdConfig(BaseSettings):
     """The whole configuration."""
 
@@ -235,6 +245,7 @@ class BotdConfig(BaseSettings):
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    attachments: AttachmentsConfig = Field(default_factory=AttachmentsConfig)
 
     @classmethod
     def settings_customise_sources(

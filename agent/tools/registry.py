@@ -24,6 +24,10 @@ from jsonschema.exceptions import SchemaError, ValidationError
 
 from agent.types import Category, ToolPolicy
 
+# Sends a file to the run's chat: (resolved path, caption) -> what to tell the model.
+# Raises ToolError when the file cannot be sent. Given by the daemon; None: no chat to send to.
+FileSender = Callable[[Path, str | None], Awaitable[str]]
+
 # Asked before an admin tool runs in an interactive run: (tool name, arguments) -> approved?
 ApprovalCallback = Callable[[str, dict[str, Any]], Awaitable[bool]]
 
@@ -51,6 +55,7 @@ class ToolContext:
     policy: ToolPolicy = field(default_factory=ToolPolicy)
     chat: dict[str, str | None] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    send_file: FileSender | None = None
 
 
 @dataclass

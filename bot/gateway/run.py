@@ -18,6 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 from zoneinfo import ZoneInfo
 
@@ -26,6 +27,7 @@ import structlog
 from agent import notices
 from agent.guard import apply_guard
 from agent.history import prepare_history
+from agent.images import drop_old_images
 from agent.llm_types import ChatModel
 from agent.loop import RunCancelled, run_loop
 from agent.prompt import PromptSpec, build_system_prompt
@@ -43,6 +45,7 @@ from agent.types import (
 )
 from bot import metrics
 from bot.config import BotdConfig
+from bot.gateway.attachments import Attachments
 from bot.gateway.reply import DeliveryLedger, Reply, notify
 from bot.store.sessions import SessionStore
 from bot.tracing import Span, Trace, TraceStore, TracingModel, clip, verbose
@@ -153,6 +156,7 @@ class RunObserver:
 class RunExecutor:
     def __init__(self, deps: RunDeps) -> None:
         self.deps = deps
+        self.attachments = Attachments(deps.cfg, deps.ledger)
 
     async def execute(self, batch: list[RunRequest], control: RunControl) -> RunOutcome:
         """Run ``batch`` (oldest first) as one turn; never raises for run-level failures."""
@@ -221,7 +225,11 @@ class RunExecutor:
             summary=summary,
         )
         system = build_system_prompt(self._prompt_spec(turn.last))
-        return [Message.system(system), *prepared, *user_messages]
+        # Images cost the most context: the oldest go first (their text stays), all of them
+        # when the model is not a vision model.
+        llm = deps.cfg.llm
+        image_budget = llm.context_window // 4 if llm.vision else 0
+        return [Message.system(system), *drop_old_images([*prepared, *user_messages], image_budget)]
 
     async def _run_agent(
         self, turn: _Turn, control: RunControl, messages: list[Message], model: TracingModel
@@ -240,6 +248,9 @@ class RunExecutor:
         async def steer_messages() -> list[Message]:
             return await self._guarded(await control.steer(), turn.channel, turn.target)
 
+        async def send_file(path: Path, caption: str | None) -> str:
+            return await self.attachments.send_once(turn.channel, turn.target, turn.run_id, path, caption)
+
         ctx = ToolContext(
             run_id=turn.run_id,
             session_key=turn.session_key,
@@ -248,6 +259,7 @@ class RunExecutor:
             chat={"channel": last.channel, "chat_id": last.chat_id, "thread_id": last.thread_id,
                   "user_id": last.user_id},
             extra={**deps.tool_extra, "user_id": last.user_id, "user_name": last.user_name},
+            send_file=send_file,
         )
         await turn.reply.start()
         return await run_loop(
@@ -314,7 +326,12 @@ class RunExecutor:
             if outcome.blocked:
                 await notify(channel, target, self.deps.ledger, req.run_id, "blocked", outcome.reason or "Blocked.")
                 continue
-            out.append(Message.user(outcome.text))
+            if not req.attachments:
+                out.append(Message.user(outcome.text))
+                continue
+            files = await self.attachments.prepare(req, channel, target)
+            text = "\n".join([outcome.text, *files.lines]) if outcome.text else "\n".join(files.lines)
+            out.append(Message(role="user", content=text, images=files.images or None))
         return out
 
     async def _persist(

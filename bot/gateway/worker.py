@@ -36,6 +36,8 @@ log = structlog.get_logger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
 MAX_ATTEMPTS = 3
+# How long the items of an album (one message per file) are waited for to make one run.
+MEDIA_GROUP_WAIT_S = 1.0
 
 LockFactory = Callable[[str, Callable[[], None]], SessionLock]
 
@@ -257,10 +259,13 @@ class Workers:
 
     async def _debounce(self, session_key: str) -> None:
         delay = self.cfg.queue.debounce_ms / 1000
-        if delay <= 0:
-            return
         head = await self._inbox.peek(session_key)
         if head is None or head.kind != "chat":
+            return
+        if head.meta.get("media_group"):
+            # An album arrives as one message per file: wait for all of them, so they make one run.
+            delay = max(delay, MEDIA_GROUP_WAIT_S)
+        if delay <= 0:
             return
         seen = await self._inbox.waiting(session_key)
         for _ in range(10):

@@ -15,6 +15,7 @@ import hashlib
 import html
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -22,8 +23,9 @@ from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup
 from telegram.error import InvalidToken, TelegramError
 from telegram.request import HTTPXRequest
 
-from agent.types import RunRequest, TelegramChat
-from channels.base import ChannelContext, ChannelStartError, ReplyStream, Target
+from agent.types import Attachment, RunRequest, TelegramChat
+from channels.base import ChannelContext, ChannelStartError, FileSink, ReplyStream, Target
+from channels.telegram.files import TelegramFiles
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
     CONTROL_COMMANDS,
@@ -79,6 +81,7 @@ class TelegramChannel:
         self._ctx: ChannelContext | None = None
         self._bot: Bot | None = None
         self._sender: TelegramSender | None = None
+        self._files: TelegramFiles | None = None
         self._command_names: frozenset[str] = CONTROL_COMMANDS
         self._up = False
         self._stopping = False
@@ -103,6 +106,7 @@ class TelegramChannel:
         await self._close_bot()  # a restart replaces the clients of the previous run
         self._bot = self._make_bot()
         self._sender = TelegramSender(self._bot, max_attempts=self.send_attempts, backoff_s=self.send_backoff_s)
+        self._files = TelegramFiles(self._sender)
         if self.settings.mode == "webhook":
             ctx.add_route("POST", self.settings.webhook_path, self.webhook.handle_request)
         try:
@@ -192,6 +196,10 @@ class TelegramChannel:
         if self._bot is not None:
             with contextlib.suppress(Exception):
                 await self._bot.shutdown()
+        if self._files is not None:
+            with contextlib.suppress(Exception):
+                await self._files.aclose()
+            self._files = None
 
     def is_ready(self) -> bool:
         if not self._up or self._stopping:
@@ -281,6 +289,8 @@ class TelegramChannel:
             reply_to=inbound.message_id,
             dedupe_key=dedupe,
             chat=TelegramChat(chat_type=inbound.chat_type, is_forum=inbound.is_forum),
+            attachments=list(inbound.attachments),
+            meta={"media_group": inbound.media_group} if inbound.media_group else {},
         )
 
     async def _answer_callback(self, callback_id: str, text: str | None) -> None:
@@ -325,6 +335,16 @@ class TelegramChannel:
             msg = await sender.send(chat, part, reply=index == 0)
             first = first or str(msg.message_id)
         return first
+
+    async def download(self, attachment: Attachment, sink: FileSink, max_bytes: int) -> tuple[int, str]:
+        if self._files is None:
+            raise RuntimeError("the telegram channel is not started")
+        return await self._files.download(attachment, sink, max_bytes)
+
+    async def send_file(self, target: Target, path: Path, caption: str | None) -> str | None:
+        if self._files is None:
+            raise RuntimeError("the telegram channel is not started")
+        return str((await self._files.send(chat_ref(target), path, caption)).message_id)
 
     async def ask_approval(self, target: Target, approval_id: str, summary: str) -> None:
         """Post the summary with Approve/Deny buttons (callback data ``ap:<id>:y|n``)."""

@@ -9,7 +9,9 @@ Pure functions over python-telegram-bot objects (no I/O), so every rule is unit-
   ``*``) and, unless ``require_mention`` is off, address the bot: an ``@botname``
   mention, a text mention of the bot user, ``/cmd@botname``, one of the bot's own
   commands at the start, or a reply to one of the bot's messages;
-* the bot's own mention is removed from the text; media become short placeholders;
+* the bot's own mention is removed from the text; photos, documents, audio, voice,
+  video, video notes and stickers become attachments (the caption is the text; an
+  album's items carry its ``media_group_id``), other media short placeholders;
 * forum topics keep their thread, the General topic and reply threads do not.
 
 python-telegram-bot checks no types when it builds an ``Update`` from JSON, so an update
@@ -27,6 +29,7 @@ from typing import Literal
 
 from telegram import CallbackQuery, Chat, Message, MessageEntity, Update, User
 
+from agent.types import Attachment
 from channels.telegram.settings import TelegramSettings
 
 CONTROL_COMMANDS = frozenset({"stop", "stopall", "new", "status", "help", "approve", "deny"})
@@ -62,6 +65,8 @@ class Inbound:
     message_id: str | None
     callback_id: str | None = None
     decision: Literal["approve", "deny"] | None = None
+    attachments: tuple[Attachment, ...] = ()
+    media_group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,9 @@ def normalize_message(
         return Ignored("sent by a bot or on behalf of a chat", chat_id=str(chat.id))
     if chat.type == Chat.CHANNEL:
         return Ignored("channel post", chat_id=str(chat.id))
-    body = message_body(msg)
+    attachments = message_attachments(msg)
+    caption = msg.text if msg.text is not None else msg.caption
+    body = (caption or "") if attachments else message_body(msg)
     if body is None:
         return Ignored("service message", user_id=str(user.id), chat_id=str(chat.id))
     if chat.type == Chat.PRIVATE:
@@ -171,7 +178,7 @@ def normalize_message(
             return Ignored("group not allowed", unauthorized=True, user_id=str(user.id), chat_id=str(chat.id))
         scope, chat_id = "group", str(chat.id)
     text = strip_bot_mention(msg, body, me)
-    if not text:
+    if not text and not attachments:
         return Ignored("empty after removing the mention", user_id=str(user.id), chat_id=chat_id)
     is_forum = bool(chat.is_forum)
     topic = str(msg.message_thread_id) if is_forum and msg.is_topic_message and msg.message_thread_id else None
@@ -187,7 +194,57 @@ def normalize_message(
         username=user.username,
         text=text,
         message_id=str(msg.message_id),
+        attachments=tuple(attachments),
+        media_group=msg.media_group_id if attachments and msg.media_group_id else None,
     )
+
+
+def message_attachments(msg: Message) -> list[Attachment]:
+    """The files of a message, as Telegram describes them (an animation stays a placeholder)."""
+    if msg.animation is not None:
+        return []
+    if msg.photo:
+        largest = max(msg.photo, key=lambda p: (p.width * p.height, p.file_size or 0))
+        return [Attachment(kind="photo", file_id=largest.file_id, name="photo.jpg", mime="image/jpeg",
+                           size=largest.file_size)]
+    if msg.document is not None:
+        d = msg.document
+        return [Attachment(kind="document", file_id=d.file_id, name=d.file_name or "", mime=d.mime_type or "",
+                           size=d.file_size)]
+    if msg.audio is not None:
+        a = msg.audio
+        return [Attachment(kind="audio", file_id=a.file_id, name=a.file_name or a.title or "", mime=a.mime_type or "",
+                           size=a.file_size)]
+    if msg.voice is not None:
+        v = msg.voice
+        return [Attachment(kind="voice", file_id=v.file_id, name="voice.ogg", mime=v.mime_type or "audio/ogg",
+                           size=v.file_size)]
+    if msg.video is not None:
+        v2 = msg.video
+        return [Attachment(kind="video", file_id=v2.file_id, name=v2.file_name or "video.mp4",
+                           mime=v2.mime_type or "video/mp4", size=v2.file_size)]
+    if msg.video_note is not None:
+        n = msg.video_note
+        return [Attachment(kind="video_note", file_id=n.file_id, name="video_note.mp4", mime="video/mp4",
+                           size=n.file_size)]
+    if msg.sticker is not None:
+        return _sticker_image(msg)
+    return []
+
+
+def _sticker_image(msg: Message) -> list[Attachment]:
+    """A sticker as an image: the sticker itself when static (WebP), else its thumbnail."""
+    sticker = msg.sticker
+    assert sticker is not None
+    emoji = sticker.emoji or ""
+    if not sticker.is_animated and not sticker.is_video:
+        return [Attachment(kind="sticker", file_id=sticker.file_id, name=f"sticker{emoji}.webp", mime="image/webp",
+                           size=sticker.file_size)]
+    thumb = sticker.thumbnail
+    if thumb is None:
+        return []
+    return [Attachment(kind="sticker", file_id=thumb.file_id, name=f"sticker{emoji}.webp", mime="image/webp",
+                       size=thumb.file_size)]
 
 
 def normalize_callback(update_id: int, query: CallbackQuery, access: Access) -> Inbound | Ignored:

@@ -1,0 +1,76 @@
+"""Images for vision models: re-encoded, downscaled data URLs, and the history's image budget.
+
+An image is decoded with Pillow and re-encoded (JPEG, or PNG when it has transparency)
+at most :data:`MAX_SIDE` pixels on its long side: the model gets a bounded, well-formed
+picture whatever the sender's file held, and nothing but pixels survives (no metadata).
+Images cost far more context than their attachment line, so the history drops old
+images first, keeping their text.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import warnings
+from pathlib import Path
+
+from PIL import Image, UnidentifiedImageError
+
+from agent.types import Message
+
+MAX_SIDE = 1568
+# Decoding more pixels than this is refused (a "decompression bomb"): 64 megapixels.
+MAX_PIXELS = 64_000_000
+# What one image costs in a request, in tokens (a 1568 px image is about 1600 for the
+# common vision models); used to fit images into the history's budget.
+IMAGE_TOKENS = 1600
+JPEG_QUALITY = 85
+
+
+class NotAnImage(ValueError):
+    """The file is not an image Pillow can decode (or it is too large to decode safely)."""
+
+
+def image_data_url(path: Path, max_side: int = MAX_SIDE) -> str:
+    """``data:image/...;base64,...`` of ``path`` downscaled to ``max_side``; blocking (run it in a thread)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as img:
+                if img.width * img.height > MAX_PIXELS:
+                    raise NotAnImage(f"the image is too large to decode ({img.width}x{img.height} pixels)")
+                img.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale directly
+                img.load()
+                frame = img.copy()
+    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning, OSError) as exc:
+        raise NotAnImage(f"not a readable image ({type(exc).__name__})") from None
+    frame.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+    transparent = frame.mode in ("RGBA", "LA", "PA") or (frame.mode == "P" and "transparency" in frame.info)
+    out = io.BytesIO()
+    if transparent:
+        frame.convert("RGBA").save(out, format="PNG", optimize=True)
+        mime = "image/png"
+    else:
+        frame.convert("RGB").save(out, format="JPEG", quality=JPEG_QUALITY)
+        mime = "image/jpeg"
+    return f"data:{mime};base64,{base64.b64encode(out.getvalue()).decode('ascii')}"
+
+
+def drop_old_images(messages: list[Message], budget_tokens: int) -> list[Message]:
+    """Keep the newest images whose cost fits ``budget_tokens``; older ones lose their
+    images (their text, with the attachment line, stays)."""
+    spent = 0
+    out: list[Message] = []
+    for message in reversed(messages):
+        if message.images:
+            keep: list[str] = []
+            for url in reversed(message.images):
+                if spent + IMAGE_TOKENS > budget_tokens:
+                    break
+                spent += IMAGE_TOKENS
+                keep.append(url)
+            if len(keep) != len(message.images):
+                message = message.model_copy(update={"images": list(reversed(keep)) or None})
+        out.append(message)
+    out.reverse()
+    return out
