@@ -17,9 +17,11 @@ from typing import Any
 from PIL import Image
 
 from bot.daemon import Daemon
+from channels.slack import SlackChannel, SlackSettings
 from channels.telegram.adapter import TelegramChannel
 from channels.telegram.settings import TelegramSettings
 from tests.fakes.openai_server import FakeOpenAI
+from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram
 from tests.integration.gateway_harness import make_config
 
@@ -62,5 +64,24 @@ async def telegram_daemon(
         await daemon.start()
         try:
             yield tg, daemon
+        finally:
+            await daemon.stop()
+
+
+@contextlib.asynccontextmanager
+async def slack_daemon(
+    tmp_path: Path, fake_llm: FakeOpenAI, redis_url: str, redis_prefix: str, **sections: dict[str, Any]
+) -> AsyncIterator[tuple[FakeSlack, Daemon]]:
+    async with FakeSlack() as slack:
+        cfg = make_config(tmp_path, fake_llm, redis_url, redis_prefix, **sections)
+        channel = SlackChannel(SlackSettings(
+            bot_token=slack.bot_token, app_token=slack.app_token, mode="socket", api_base_url=slack.api_url,
+            allow_from=("U1",), channels=("C1",),
+        ))
+        daemon = Daemon(cfg, channels={"slack": channel}, with_http=False, with_scheduler=False)
+        await daemon.start()
+        await slack.wait_connected()
+        try:
+            yield slack, daemon
         finally:
             await daemon.stop()
