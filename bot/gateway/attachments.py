@@ -167,10 +167,10 @@ class Attachments:
         max_bytes = self.cfg.attachments.max_bytes
         if attachment.size is not None and attachment.size > max_bytes:
             return Skipped(attachment, f"too large ({_size_text(attachment.size)}; the limit is {_size_text(max_bytes)})")
-        mime = safe_mime(attachment.mime, _KIND_MIME.get(attachment.kind))
+        claimed = safe_mime(attachment.mime, _KIND_MIME.get(attachment.kind))
         stamp = datetime.fromtimestamp(req.received_at, UTC).strftime("%Y%m%d-%H%M%S")
-        final = inbox / f"{stamp}-{req.run_id}-{index + 1}{_extension(attachment, mime)}"
-        part = inbox / f".{final.name}{PART_SUFFIX}"
+        base = f"{stamp}-{req.run_id}-{index + 1}"
+        part = inbox / f".{base}{PART_SUFFIX}"
         try:
             with part.open("wb") as handle:
 
@@ -178,6 +178,9 @@ class Attachments:
                     handle.write(chunk)
 
                 size, served = await channel.download(attachment, sink, max_bytes)
+            # The platform's claim first; what the server said when there was none.
+            mime = claimed if claimed != "application/octet-stream" else safe_mime(served)
+            final = inbox / f"{base}{_extension(attachment, mime)}"
             os.replace(part, final)
         except FileTooLarge:
             return Skipped(attachment, f"too large (over the limit of {_size_text(max_bytes)})")
@@ -193,8 +196,6 @@ class Attachments:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
-        if not attachment.mime or mime == "application/octet-stream":
-            mime = safe_mime(served, mime)
         return Fetched(attachment, final, mime, size)
 
     async def _sweep(self, inbox: Path) -> None:

@@ -43,7 +43,7 @@ class SlackFileStore:
         self.files: dict[str, dict[str, Any]] = {}
         self.file_data: dict[str, bytes] = {}
         self.uploads: dict[str, SlackUpload] = {}
-        self.missing_scope = False  # files.info answers missing_scope (no files:read)
+        self.missing_scope = False  # files.info answers missing_scope, downloads go to the login page
         self.downloads: list[str] = []  # file ids served
         self._file_ids = itertools.count(1)
 
@@ -115,7 +115,7 @@ class SlackFileStore:
 
     async def _download(self, request: web.Request) -> web.StreamResponse:
         file_id = request.match_info["file_id"]
-        if request.headers.get("Authorization") != f"Bearer {self.bot_token}":
+        if self.missing_scope or request.headers.get("Authorization") != f"Bearer {self.bot_token}":
             raise web.HTTPFound(f"{self._base}/login?redir=files")  # what Slack does without auth
         data = self.file_data.get(file_id)
         if data is None:

@@ -73,6 +73,20 @@ async def test_missing_files_read_scope_is_named(tmp_path: Path, redis_url: str,
         assert inbox_files(daemon.cfg.workspace) == []
 
 
+async def test_download_answered_with_the_login_page_names_the_scope(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with FakeOpenAI() as llm, slack_daemon(tmp_path, llm, redis_url, redis_prefix) as (slack, daemon):
+        llm.script(Reply.text("ok"))
+        file = slack.add_file(b"hello", "note.txt", "text/plain")
+        slack.missing_scope = True
+        await slack.push_event(message_event("read it", channel="D5", user="U1", ts="12.2", channel_type="im",
+                                             files=[file]))
+        await llm.wait_for_requests(1, timeout_s=10)
+        assert 'note.txt" - the Slack app may not read files: add the files:read scope' in last_user_text(llm.requests[0])
+        assert inbox_files(daemon.cfg.workspace) == [] and slack.downloads == []
+
+
 async def test_too_many_files_are_skipped_past_the_limit(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
     async with FakeOpenAI() as llm, slack_daemon(
         tmp_path, llm, redis_url, redis_prefix, attachments={"max_files": 2}
