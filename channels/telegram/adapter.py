@@ -29,6 +29,7 @@ from channels.telegram.files import TelegramFiles
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
     CONTROL_COMMANDS,
+    NOT_ADDRESSED,
     Access,
     BotIdentity,
     Ignored,
@@ -49,6 +50,7 @@ ALLOWED_UPDATES = ("message", "callback_query")
 APPROVAL_ID = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
 _COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
 APPROVAL_SUMMARY_LIMIT = 3000
+ALBUM_TTL_S = 120.0  # an album's items arrive within seconds of each other
 
 
 class TelegramStartError(ChannelStartError):
@@ -255,6 +257,7 @@ class TelegramChannel:
         except Exception:
             log.exception("telegram.normalize_failed", update_id=update.update_id)
             return
+        decision = await self._album_addressed(update, decision, ctx)
         if isinstance(decision, Ignored):
             if decision.unauthorized:
                 log.info("telegram.unauthorized", user_id=decision.user_id, chat_id=decision.chat_id,
@@ -274,6 +277,21 @@ class TelegramChannel:
             await self._answer_callback(decision.callback_id, "Approved." if decision.decision == "approve" else "Denied.")
             if update.callback_query is not None and update.callback_query.message is not None:
                 await self._remove_buttons(update.callback_query.message.chat.id, update.callback_query.message.message_id)
+
+    async def _album_addressed(self, update: Update, decision: Inbound | Ignored, ctx: ChannelContext) -> Inbound | Ignored:
+        """Only an album's first item carries the caption (and the mention): in a group, the
+        rest of an album whose first item addressed the bot is addressed too."""
+        msg = update.message
+        if msg is None or not msg.media_group_id or self.me is None:
+            return decision
+        key = f"telegram:album:{msg.chat.id}:{msg.media_group_id}"
+        if isinstance(decision, Inbound):
+            if decision.scope == "group":
+                await ctx.kv.set(key, "1", ALBUM_TTL_S)
+            return decision
+        if decision.reason == NOT_ADDRESSED and await ctx.kv.get(key) is not None:
+            return normalize_update(update, self.me, self.access, self._command_names, addressed=True)
+        return decision
 
     def _run_request(self, inbound: Inbound, ctx: ChannelContext) -> RunRequest:
         key = ctx.session_key(inbound.scope, inbound.chat_id, topic=inbound.topic_id)

@@ -33,6 +33,7 @@ from agent.types import Attachment
 from channels.telegram.settings import TelegramSettings
 
 CONTROL_COMMANDS = frozenset({"stop", "stopall", "new", "status", "help", "approve", "deny"})
+NOT_ADDRESSED = "group message not addressed to the bot"
 APPROVAL_DATA = re.compile(r"^ap:([A-Za-z0-9_-]{1,48}):([yn])$")
 
 
@@ -130,16 +131,26 @@ def _split_ids(entries: Iterable[str]) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def normalize_update(
-    update: Update, me: BotIdentity, access: Access, commands: frozenset[str] = CONTROL_COMMANDS
+    update: Update,
+    me: BotIdentity,
+    access: Access,
+    commands: frozenset[str] = CONTROL_COMMANDS,
+    *,
+    addressed: bool = False,
 ) -> Inbound | Ignored:
-    """Decide what an update means for the bot; raises only :class:`MalformedUpdate`."""
+    """Decide what an update means for the bot; raises only :class:`MalformedUpdate`.
+
+    ``addressed``: the caller knows the message is meant for the bot (the rest of an
+    album whose first item mentioned it)."""
     try:
-        return _normalize_update(update, me, access, commands)
+        return _normalize_update(update, me, access, commands, addressed)
     except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
         raise MalformedUpdate(f"malformed update ({type(exc).__name__}: {exc})") from exc
 
 
-def _normalize_update(update: Update, me: BotIdentity, access: Access, commands: frozenset[str]) -> Inbound | Ignored:
+def _normalize_update(
+    update: Update, me: BotIdentity, access: Access, commands: frozenset[str], addressed: bool
+) -> Inbound | Ignored:
     if update.callback_query is not None:
         return normalize_callback(update.update_id, update.callback_query, access)
     if update.edited_message is not None or update.edited_channel_post is not None:
@@ -149,11 +160,17 @@ def _normalize_update(update: Update, me: BotIdentity, access: Access, commands:
     msg = update.message
     if msg is None:
         return Ignored("unsupported update type")
-    return normalize_message(update.update_id, msg, me, access, commands)
+    return normalize_message(update.update_id, msg, me, access, commands, addressed=addressed)
 
 
 def normalize_message(
-    update_id: int, msg: Message, me: BotIdentity, access: Access, commands: frozenset[str] = CONTROL_COMMANDS
+    update_id: int,
+    msg: Message,
+    me: BotIdentity,
+    access: Access,
+    commands: frozenset[str] = CONTROL_COMMANDS,
+    *,
+    addressed: bool = False,
 ) -> Inbound | Ignored:
     user, chat = msg.from_user, msg.chat
     if user is None or user.is_bot or msg.sender_chat is not None:
@@ -171,9 +188,9 @@ def normalize_message(
         scope: Literal["dm", "group"] = "dm"
         chat_id = str(user.id)
     else:
-        addressed = addresses_bot(msg, me, commands)
+        addressed = addressed or addresses_bot(msg, me, commands)
         if access.require_mention and not addressed:
-            return Ignored("group message not addressed to the bot", user_id=str(user.id), chat_id=str(chat.id))
+            return Ignored(NOT_ADDRESSED, user_id=str(user.id), chat_id=str(chat.id))
         if not access.group_allowed(chat):
             return Ignored("group not allowed", unauthorized=True, user_id=str(user.id), chat_id=str(chat.id))
         scope, chat_id = "group", str(chat.id)

@@ -94,6 +94,24 @@ async def test_album_is_one_run_with_all_its_files(tmp_path: Path, redis_url: st
         assert [read(f) for f in files] == [first, second]
 
 
+async def test_group_album_is_addressed_by_its_first_item(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
+    first, second = jpeg_bytes(300, 200), jpeg_bytes(200, 300)
+    async with FakeOpenAI() as llm, telegram_daemon(tmp_path, llm, redis_url, redis_prefix) as (tg, _daemon):
+        llm.script(Reply.text("two pictures"))
+        album = {"media_group_id": "4242"}
+        tg.push_message(tg.group_message(-1001, USER, caption="@botd_test_bot compare", media=tg.photo_media(first),
+                                         extra=album))
+        tg.push_message(tg.group_message(-1001, USER, media=tg.photo_media(second), extra=album))
+        # Not part of the album: an unaddressed photo stays ignored.
+        tg.push_message(tg.group_message(-1001, USER, media=tg.photo_media(b"other"), extra={"media_group_id": "1"}))
+        await llm.wait_for_requests(1, timeout_s=10)
+        await wait_until(lambda: bool(tg.sent_messages(-1001)), what="the answer")
+        body = llm.requests[0]
+        files = [Path(p) for m in body["messages"] if m["role"] == "user" for p, _, _ in LINE.findall(str(m["content"]))]
+        assert [read(f) for f in files] == [first, second]
+        assert len(llm.requests) == 1
+
+
 async def test_file_over_the_limit_is_skipped_and_the_user_told_once(
     tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> None:
