@@ -33,26 +33,29 @@ class NotAnImage(ValueError):
 
 def image_data_url(path: Path, max_side: int = MAX_SIDE) -> str:
     """``data:image/...;base64,...`` of ``path`` downscaled to ``max_side``; blocking (run it in a thread)."""
+    out = io.BytesIO()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as img:
                 if img.width * img.height > MAX_PIXELS:
                     raise NotAnImage(f"the image is too large to decode ({img.width}x{img.height} pixels)")
-                img.draft("RGB", (max_side, max_side))  # JPEG: decode at a reduced scale directly
-                img.load()
-                frame = img.copy()
-    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning, OSError) as exc:
+                # In place, never a full-size copy: JPEG decodes at a reduced scale (draft) when
+                # it can, then the one decoded frame is shrunk.
+                img.draft("RGB", (max_side, max_side))
+                img.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
+                transparent = img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info)
+                if transparent:
+                    img.convert("RGBA").save(out, format="PNG", optimize=True)
+                    mime = "image/png"
+                else:
+                    (img if img.mode == "RGB" else img.convert("RGB")).save(out, format="JPEG", quality=JPEG_QUALITY)
+                    mime = "image/jpeg"
+    except NotAnImage:
+        raise
+    except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning, OSError,
+            ValueError) as exc:
         raise NotAnImage(f"not a readable image ({type(exc).__name__})") from None
-    frame.thumbnail((max_side, max_side), Image.Resampling.LANCZOS)
-    transparent = frame.mode in ("RGBA", "LA", "PA") or (frame.mode == "P" and "transparency" in frame.info)
-    out = io.BytesIO()
-    if transparent:
-        frame.convert("RGBA").save(out, format="PNG", optimize=True)
-        mime = "image/png"
-    else:
-        frame.convert("RGB").save(out, format="JPEG", quality=JPEG_QUALITY)
-        mime = "image/jpeg"
     return f"data:{mime};base64,{base64.b64encode(out.getvalue()).decode('ascii')}"
 
 

@@ -9,6 +9,8 @@ Modules, in the order a message meets them (DESIGN.md §2):
                    run's cancellation and steering.
 - ``run.py``       one batch as one run: resume a saved result, prepare, run the agent
                    (``RunObserver`` watches its events), finish; ``TracingModel``.
+- ``attachments.py`` files a message brought, fetched into the session's ``inbox/`` before
+                   the run asks the model; ``send_file``'s uploads, once per run.
 - ``reply.py``     live previews and exactly-once delivery (``DeliveryLedger``).
 - ``signals.py``   the process's one pub/sub listener (``Broadcast``), cross-replica
                    stops and the outcomes of scheduled runs.
