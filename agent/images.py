@@ -1,16 +1,19 @@
-"""Images for vision models: re-encoded, downscaled data URLs, and the history's image budget.
+"""Images for vision models: re-encoded, downscaled copies, and the history's image budget.
 
 An image is decoded with Pillow and re-encoded (JPEG, or PNG when it has transparency)
 at most :data:`MAX_SIDE` pixels on its long side: the model gets a bounded, well-formed
 picture whatever the sender's file held, and nothing but pixels survives (no metadata).
-Images cost far more context than their attachment line, so the history drops old
-images first, keeping their text.
+The copy is a file next to the original (``<name>.vision.jpg``); messages refer to it by
+path and it becomes a data URL only in the request (``Message.to_openai``), so the stored
+history stays small and an image leaves it when the inbox is cleaned. Images cost far
+more context than their attachment line, so the history drops old images first, keeping
+their text.
 """
 
 from __future__ import annotations
 
-import base64
 import io
+import os
 import warnings
 from pathlib import Path
 
@@ -31,8 +34,9 @@ class NotAnImage(ValueError):
     """The file is not an image Pillow can decode (or it is too large to decode safely)."""
 
 
-def image_data_url(path: Path, max_side: int = MAX_SIDE) -> str:
-    """``data:image/...;base64,...`` of ``path`` downscaled to ``max_side``; blocking (run it in a thread)."""
+def vision_copy(path: Path, max_side: int = MAX_SIDE) -> Path:
+    """Write ``path`` downscaled to ``max_side`` next to it and return the copy's path;
+    blocking (run it in a thread). Raises :class:`NotAnImage`."""
     out = io.BytesIO()
     try:
         with warnings.catch_warnings():
@@ -47,16 +51,20 @@ def image_data_url(path: Path, max_side: int = MAX_SIDE) -> str:
                 transparent = img.mode in ("RGBA", "LA", "PA") or (img.mode == "P" and "transparency" in img.info)
                 if transparent:
                     img.convert("RGBA").save(out, format="PNG", optimize=True)
-                    mime = "image/png"
+                    suffix = ".vision.png"
                 else:
                     (img if img.mode == "RGB" else img.convert("RGB")).save(out, format="JPEG", quality=JPEG_QUALITY)
-                    mime = "image/jpeg"
+                    suffix = ".vision.jpg"
     except NotAnImage:
         raise
     except (UnidentifiedImageError, Image.DecompressionBombError, Image.DecompressionBombWarning, OSError,
             ValueError) as exc:
         raise NotAnImage(f"not a readable image ({type(exc).__name__})") from None
-    return f"data:{mime};base64,{base64.b64encode(out.getvalue()).decode('ascii')}"
+    copy = path.with_name(path.name + suffix)
+    part = copy.with_name(f".{copy.name}.part")
+    part.write_bytes(out.getvalue())
+    os.replace(part, copy)
+    return copy
 
 
 def drop_old_images(messages: list[Message], budget_tokens: int) -> list[Message]:

@@ -5,6 +5,8 @@ They are pydantic models so that they round-trip through Redis as JSON exactly.
 
 from __future__ import annotations
 
+import base64
+import os
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -128,7 +130,8 @@ class Message(BaseModel):
     is_error: bool = False
     reasoning: str | None = None
     name: str | None = None
-    # Images for vision models (data URLs), sent as ``image_url`` parts of a user message.
+    # Images for vision models, sent as ``image_url`` parts of a user message: the paths of
+    # their downscaled copies (agent/images.py), read into data URLs only for the request.
     images: list[str] | None = None
 
     @classmethod
@@ -157,9 +160,9 @@ class Message(BaseModel):
                     {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                     for c in self.tool_calls
                 ]
-        elif self.images and self.role == "user":
+        elif self.images and self.role == "user" and (urls := [u for u in map(_image_url, self.images) if u]):
             parts: list[dict[str, Any]] = [{"type": "text", "text": self.content or ""}]
-            parts.extend({"type": "image_url", "image_url": {"url": url}} for url in self.images)
+            parts.extend({"type": "image_url", "image_url": {"url": url}} for url in urls)
             out["content"] = parts
         else:
             out["content"] = self.content or ""
@@ -191,6 +194,25 @@ class Message(BaseModel):
             reasoning=data.get("reasoning"),
             name=data.get("name"),
         )
+
+
+_VISION_MIME = {".vision.jpg": "image/jpeg", ".vision.png": "image/png"}
+
+
+def _image_url(ref: str) -> str | None:
+    """A data URL for an image reference: a data URL as is, or the downscaled copy a path
+    names (only such copies are read; None when it is gone, e.g. cleaned from the inbox)."""
+    if ref.startswith("data:image/"):
+        return ref
+    mime = next((m for suffix, m in _VISION_MIME.items() if ref.endswith(suffix)), None)
+    if mime is None or not os.path.isabs(ref):
+        return None
+    try:
+        with open(ref, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 class Usage(BaseModel):

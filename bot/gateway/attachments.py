@@ -33,7 +33,7 @@ from pathlib import Path
 
 import structlog
 
-from agent.images import NotAnImage, image_data_url
+from agent.images import NotAnImage, vision_copy
 from agent.tools.registry import ToolError
 from agent.types import Attachment, RunRequest
 from bot.config import BotdConfig
@@ -132,9 +132,9 @@ class Attachments:
             for f in fetched:
                 if f.mime.startswith("image/"):
                     try:
-                        images.append(await asyncio.to_thread(image_data_url, f.path))
-                    except NotAnImage as exc:
-                        log.info("attachments.not_an_image", run_id=req.run_id, error=str(exc))
+                        images.append(str(await asyncio.to_thread(vision_copy, f.path)))
+                    except (NotAnImage, OSError) as exc:
+                        log.info("attachments.no_vision_copy", run_id=req.run_id, error=str(exc))
         if skipped:
             text = "I could not take every file you sent:\n" + "\n".join(
                 f"- {_shown_name(s.attachment)}: {s.reason}" for s in skipped

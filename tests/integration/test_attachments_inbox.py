@@ -184,3 +184,12 @@ async def test_a_refused_send_may_be_tried_again(tmp_path: Path, ledger: Deliver
         await files.send_once(channel, target, "run3", report, None)  # type: ignore[arg-type]
     assert (await files.send_once(channel, target, "run3", report, None)).startswith("Sent")  # type: ignore[arg-type]
     assert (await ledger.states("run3")) == {next(iter(await ledger.states("run3"))): "sent:m1"}
+
+
+def test_a_dropped_message_with_files_is_described_by_them() -> None:
+    from bot.gateway.inbox import describe
+
+    assert describe(request("a", "b")) == "2 files"
+    with_text = request("a").model_copy(update={"text": "see this"})
+    assert describe(with_text) == '"see this" with 1 file'
+    assert describe(RunRequest(session_key="s", channel="test", chat_id="1", text="hi")) == '"hi"'

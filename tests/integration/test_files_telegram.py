@@ -173,6 +173,30 @@ async def test_vision_sends_the_photo_downscaled(tmp_path: Path, redis_url: str,
         assert "[attachment: " in last_user_text(llm.requests[0])  # the path is there too
 
 
+async def test_vision_history_keeps_the_newest_images_within_its_budget(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    first, second = jpeg_bytes(400, 300), jpeg_bytes(300, 400)
+    async with FakeOpenAI() as llm, telegram_daemon(
+        tmp_path, llm, redis_url, redis_prefix, llm={"vision": True, "context_window": 8000}  # room for one image
+    ) as (tg, daemon):
+        llm.script(Reply.text("one"), Reply.text("two"))
+        tg.push_message(tg.private_message(USER, caption="first", media=tg.photo_media(first)))
+        await wait_until(lambda: len(tg.sent_messages(USER)) == 1, what="the first answer")
+        tg.push_message(tg.private_message(USER, caption="second", media=tg.photo_media(second)))
+        await llm.wait_for_requests(2, timeout_s=10)
+        assert len(llm.image_urls(0)) == 1
+        [newest] = llm.image_urls(1)
+        assert Image.open(io.BytesIO(base64.b64decode(newest.split(",", 1)[1]))).size == (300, 400)
+        texts = [last_user_text({"messages": [m]}) for m in llm.requests[1]["messages"] if m["role"] == "user"]
+        assert texts[0].startswith("first\n[attachment: ")  # the old image's text stays
+        # The stored session refers to the copies; it does not hold the pictures.
+        await wait_until(lambda: len(tg.sent_messages(USER)) == 2, what="the second answer")
+        stored = await daemon.app.sessions.history("agent:main:telegram:dm:42")  # type: ignore[union-attr]
+        refs = [ref for m in stored for ref in (m.images or [])]
+        assert len(refs) == 2 and all(r.endswith(".vision.jpg") and Path(r).parent.name == "inbox" for r in refs)
+
+
 async def test_send_file_uploads_a_document_and_a_photo(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
     async with FakeOpenAI() as llm, telegram_daemon(tmp_path, llm, redis_url, redis_prefix) as (tg, daemon):
         ws = daemon.cfg.workspace

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from agent import images
-from agent.images import IMAGE_TOKENS, NotAnImage, drop_old_images, image_data_url
+from agent.images import IMAGE_TOKENS, NotAnImage, drop_old_images, vision_copy
 from agent.types import Message
 
 
@@ -20,6 +20,12 @@ def decode(url: str) -> Image.Image:
     return Image.open(io.BytesIO(base64.b64decode(data)))
 
 
+def image_data_url(path: Path) -> str:
+    """The data URL the model gets for ``path``: its vision copy, as a request carries it."""
+    wire = Message(role="user", content="", images=[str(vision_copy(path))]).to_openai()
+    return str(wire["content"][1]["image_url"]["url"])
+
+
 def save(path: Path, img: Image.Image, fmt: str, **kw: object) -> Path:
     img.save(path, format=fmt, **kw)
     return path
@@ -27,6 +33,9 @@ def save(path: Path, img: Image.Image, fmt: str, **kw: object) -> Path:
 
 def test_large_photo_is_downscaled_to_the_long_side(tmp_path: Path) -> None:
     path = save(tmp_path / "p.jpg", Image.new("RGB", (2000, 4000), (1, 2, 3)), "JPEG")
+    copy = vision_copy(path)
+    assert copy == tmp_path / "p.jpg.vision.jpg"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.jpg", "p.jpg.vision.jpg"]  # no .part left
     url = image_data_url(path)
     assert url.startswith("data:image/jpeg;base64,")
     assert decode(url).size == (784, 1568)
@@ -76,6 +85,17 @@ def test_old_images_are_dropped_first_and_their_text_stays() -> None:
 def test_no_budget_means_no_images() -> None:
     kept = drop_old_images([Message(role="user", content="x", images=["data:a"])], budget_tokens=0)
     assert kept[0].images is None and kept[0].to_openai() == {"role": "user", "content": "x"}
+
+
+def test_only_vision_copies_are_read_and_missing_ones_are_left_out(tmp_path: Path) -> None:
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not an image")
+    copy = vision_copy(save(tmp_path / "a.png", Image.new("RGB", (10, 10)), "PNG"))
+    gone = str(tmp_path / "gone.png.vision.jpg")
+    wire = Message(role="user", content="x", images=[str(secret), "relative.vision.jpg", gone, str(copy)]).to_openai()
+    assert [p["type"] for p in wire["content"]] == ["text", "image_url"]
+    assert wire["content"][1]["image_url"]["url"].startswith("data:image/jpeg;base64,")
+    assert Message(role="user", content="x", images=[gone]).to_openai() == {"role": "user", "content": "x"}
 
 
 def test_user_message_with_images_is_sent_as_parts() -> None:
