@@ -2,7 +2,7 @@
 
 One daemon in this process (the real Telegram adapter polling the fake Bot API, the real
 gateway, the embedded Valkey, the fake OpenAI server), as ``botd run`` would run it. Each
-sample pushes one update to the fake and times until the fake LLM receives the request
+sample pushes one update (from a new person: a fresh session) to the fake and times until the fake LLM receives the request
 that carries the file's attachment line: long-poll wake-up, submit, the worker, getFile,
 the streamed download into ``inbox/``, then the request. The photo is measured with
 ``llm.vision`` off and on (on adds Pillow's decode, downscale to 1568 px and re-encode).
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import io
+import itertools
 import logging
 import random
 import sys
@@ -43,14 +44,13 @@ if str(ROOT) not in sys.path:
 
 from bench.common import mib, report_header, summary_ms, table, temp_workspace, write_json  # noqa: E402
 from bot.config import BotdConfig  # noqa: E402
-from bot.daemon import Daemon  # noqa: E402
 from channels.telegram.adapter import TelegramChannel  # noqa: E402
 from channels.telegram.settings import TelegramSettings  # noqa: E402
 from tests.fakes.openai_server import FakeOpenAI, Reply  # noqa: E402
 from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
+from tests.integration.files_rig import running  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "attachments.json"
-USER = 42
 PHOTO_BYTES = 5 * 1024 * 1024
 DOCUMENT_BYTES = 10 * 1024 * 1024
 
@@ -92,22 +92,22 @@ async def daemon(workspace: Path, *, vision: bool) -> AsyncIterator[tuple[FakeTe
             "attachments": {"max_bytes": 20 * 1024 * 1024},
         })
         channel = TelegramChannel(TelegramSettings(
-            token=tg.token, api_base_url=tg.base_url, allow_from=(str(USER),), poll_timeout_s=10,
+            token=tg.token, api_base_url=tg.base_url, dm_policy="open", poll_timeout_s=10,
             poll_backoff_s=0.05, typing_interval_s=5.0,
         ))
-        bot = Daemon(cfg, channels={"telegram": channel}, with_http=False, with_scheduler=False)
-        await bot.start()
-        try:
+        async with running(cfg, "telegram", channel):
             yield tg, arrivals
-        finally:
-            await bot.stop()
+
+
+_users = itertools.count(1000)
 
 
 async def one(tg: FakeTelegram, arrivals: Arrivals, media: dict[str, Any]) -> float:
+    """One update from a new person (a fresh session, so no history) until its LLM request."""
     arrivals.event.clear()
     before = len(arrivals.times)
     started = time.perf_counter()
-    tg.push_message(tg.private_message(USER, caption="what is in this file?", media=media))
+    tg.push_message(tg.private_message(next(_users), caption="what is in this file?", media=media))
     while len(arrivals.times) == before:
         await asyncio.wait_for(arrivals.event.wait(), 30)
         arrivals.event.clear()

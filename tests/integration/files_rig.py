@@ -2,7 +2,8 @@
 
 ``telegram_daemon`` starts :class:`bot.daemon.Daemon` with the real ``TelegramChannel``
 polling the fake Bot API (tuned for short waits), the fake LLM and the test Redis;
-``slack_daemon`` does the same with the real ``SlackChannel`` in Socket Mode.
+``slack_daemon`` does the same with the real ``SlackChannel`` in Socket Mode; ``running``
+is the daemon around any one channel (bench/attachments.py uses it too).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from typing import Any
 
 from PIL import Image
 
+from bot.config import BotdConfig
 from bot.daemon import Daemon
+from channels.base import ChannelAdapter
 from channels.slack import SlackChannel, SlackSettings
 from channels.telegram.adapter import TelegramChannel
 from channels.telegram.settings import TelegramSettings
@@ -50,6 +53,17 @@ def inbox_files(workspace: Path) -> list[Path]:
 
 
 @contextlib.asynccontextmanager
+async def running(cfg: BotdConfig, name: str, channel: ChannelAdapter) -> AsyncIterator[Daemon]:
+    """A daemon with ``channel`` as its only channel (no HTTP server, no scheduler)."""
+    daemon = Daemon(cfg, channels={name: channel}, with_http=False, with_scheduler=False)
+    await daemon.start()
+    try:
+        yield daemon
+    finally:
+        await daemon.stop()
+
+
+@contextlib.asynccontextmanager
 async def telegram_daemon(
     tmp_path: Path, fake_llm: FakeOpenAI, redis_url: str, redis_prefix: str, **sections: dict[str, Any]
 ) -> AsyncIterator[tuple[FakeTelegram, Daemon]]:
@@ -60,12 +74,8 @@ async def telegram_daemon(
             stream_edit_interval_s=0.3, lease_ttl_s=3.0, lease_renew_s=0.5, poll_timeout_s=1,
             poll_backoff_s=0.05, send_backoff_s=0.05, typing_interval_s=0.5,
         ))
-        daemon = Daemon(cfg, channels={"telegram": channel}, with_http=False, with_scheduler=False)
-        await daemon.start()
-        try:
+        async with running(cfg, "telegram", channel) as daemon:
             yield tg, daemon
-        finally:
-            await daemon.stop()
 
 
 @contextlib.asynccontextmanager
@@ -78,10 +88,6 @@ async def slack_daemon(
             bot_token=slack.bot_token, app_token=slack.app_token, mode="socket", api_base_url=slack.api_url,
             allow_from=("U1",), channels=("C1",),
         ))
-        daemon = Daemon(cfg, channels={"slack": channel}, with_http=False, with_scheduler=False)
-        await daemon.start()
-        await slack.wait_connected()
-        try:
+        async with running(cfg, "slack", channel) as daemon:
+            await slack.wait_connected()
             yield slack, daemon
-        finally:
-            await daemon.stop()
