@@ -33,6 +33,7 @@ from pathlib import Path
 
 import structlog
 
+from agent.guard import scan
 from agent.images import NotAnImage, vision_copy
 from agent.tools.registry import ToolError
 from agent.types import Attachment, RunRequest
@@ -101,9 +102,10 @@ def _extension(attachment: Attachment, mime: str) -> str:
 
 
 def _shown_name(attachment: Attachment) -> str:
-    """The platform's file name for messages only: one short line, no quotes or controls."""
-    name = re.sub(r"[\x00-\x1f\x7f\"\[\]]", "", attachment.name).strip()
-    return name[:80] or attachment.kind
+    """The platform's file name for messages only: one short line, no quotes or controls,
+    and not at all when it reads like an injection (it reaches the model past the guard)."""
+    name = re.sub(r"[\x00-\x1f\x7f\"\[\]]", "", attachment.name).strip()[:80]
+    return attachment.kind if not name or scan(name) else name
 
 
 def _size_text(size: int) -> str:

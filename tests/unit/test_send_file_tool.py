@@ -99,3 +99,19 @@ async def test_scheduled_runs_send_only_when_write_is_allowed() -> None:
     assert await authorize(tool, {"path": "x"}, ToolPolicy(context="scheduled"), None) is not None
     assert await authorize(tool, {"path": "x"}, ToolPolicy(context="scheduled", allow=("write",)), None) is None
     assert await authorize(tool, {"path": "x"}, ToolPolicy(context="interactive"), None) is None
+
+
+def test_the_prompt_says_how_files_arrive_and_how_to_send_one(tmp_path: Path) -> None:
+    from datetime import UTC, datetime
+
+    from agent.prompt import PromptSpec, build_system_prompt
+
+    def tooling(tools: dict[str, str]) -> str:
+        prompt = build_system_prompt(PromptSpec(workspace=tmp_path, now=datetime.now(UTC), tools=tools))
+        return prompt.split("## Tooling", 1)[1].split("\n## ", 1)[0]
+
+    with_send = tooling({"read_file": "Read.", "send_file": "Send."})
+    assert "[attachment: <absolute path> (<mime type>, <bytes> bytes)]" in with_send
+    assert "call send_file with its path" in with_send
+    without = tooling({"read_file": "Read."})
+    assert "[attachment: " in without and "send_file" not in without
