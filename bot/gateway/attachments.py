@@ -154,7 +154,6 @@ class Attachments:
             return [Skipped(a, f"files cannot be received through {channel.name}") for a in req.attachments]
         inbox = session_dir(self.cfg, req) / INBOX_DIR
         await asyncio.to_thread(inbox.mkdir, parents=True, exist_ok=True)
-        await self._sweep(inbox)
         out: list[Fetched | Skipped] = []
         for index, attachment in enumerate(req.attachments):
             if index >= limits.max_files:
@@ -200,8 +199,10 @@ class Attachments:
                 part.unlink()
         return Fetched(attachment, final, mime, size)
 
-    async def _sweep(self, inbox: Path) -> None:
-        """Remove files older than ``keep_days`` (and dead ``.part`` files), at most hourly."""
+    async def sweep(self, req: RunRequest) -> None:
+        """Remove the session's inbox files older than ``keep_days`` (and dead ``.part``
+        files); called for every run, it scans each inbox at most hourly."""
+        inbox = session_dir(self.cfg, req) / INBOX_DIR
         now = time.time()
         if now - self._swept.get(inbox, 0.0) < SWEEP_EVERY_S:
             return
@@ -239,7 +240,7 @@ def sweep_inbox(inbox: Path, keep_s: float, now: float) -> int:
     removed = 0
     try:
         entries = list(os.scandir(inbox))
-    except FileNotFoundError:
+    except OSError:  # no inbox yet, or unreadable: nothing to do, never a failed run
         return 0
     for entry in entries:
         try:

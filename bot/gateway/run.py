@@ -216,6 +216,7 @@ class RunExecutor:
         deps = self.deps
         if verbose():
             turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
+        await self.attachments.sweep(turn.last)
         history = await deps.sessions.history(turn.session_key)
         summary = await deps.sessions.summary(turn.session_key)
         prepared = prepare_history(

@@ -203,3 +203,21 @@ async def test_a_skipped_file_name_that_reads_like_an_injection_is_not_shown(
     prepared = await Attachments(config(tmp_path), ledger).prepare(req, channel, Target("scripted", "1"))  # type: ignore[arg-type]
     assert prepared.lines[0].startswith('[attachment skipped: document "document" - too large')
     assert prepared.lines[1].startswith('[attachment skipped: document "plain.pdf" - too large')
+
+
+async def test_every_run_sweeps_its_inbox_at_most_hourly(tmp_path: Path, ledger: DeliveryLedger) -> None:
+    cfg = config(tmp_path, keep_days=1)
+    inbox = cfg.workspace / "inbox"
+    inbox.mkdir(parents=True)
+    old = inbox / "old.pdf"
+    old.write_text("x")
+    week_ago = time.time() - 7 * 86400
+    os.utime(old, (week_ago, week_ago))
+    files = Attachments(cfg, ledger)
+    await files.sweep(request())
+    assert not old.exists()
+    old.write_text("x")
+    os.utime(old, (week_ago, week_ago))
+    await files.sweep(request())  # within the hour: not scanned again
+    assert old.exists()
+    await Attachments(config(tmp_path / "none"), ledger).sweep(request())  # no inbox: nothing happens
