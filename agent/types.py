@@ -86,6 +86,7 @@ class Attachment(BaseModel):
     mime: str = ""
     size: int | None = None
     url: str | None = None  # where to download it, when the platform says so up front (Slack)
+    unsupported: str | None = None  # why it cannot be fetched at all (told to the model and the person)
 
 
 class RunRequest(BaseModel):

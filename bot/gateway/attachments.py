@@ -166,6 +166,8 @@ class Attachments:
         self, channel: FileChannel, req: RunRequest, inbox: Path, index: int, attachment: Attachment
     ) -> Fetched | Skipped:
         max_bytes = self.cfg.attachments.max_bytes
+        if attachment.unsupported:
+            return Skipped(attachment, attachment.unsupported)
         if attachment.size is not None and attachment.size > max_bytes:
             return Skipped(attachment, f"too large ({_size_text(attachment.size)}; the limit is {_size_text(max_bytes)})")
         claimed = safe_mime(attachment.mime, _KIND_MIME.get(attachment.kind))

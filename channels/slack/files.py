@@ -36,21 +36,25 @@ _DOWNLOAD_TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read
 
 
 def message_files(raw: Any) -> list[Attachment]:
-    """The attachments of a message event's ``files`` (deleted and external files left out)."""
+    """The attachments of a message event's ``files`` (deleted and external files marked
+    unsupported, so the model and the person hear of them)."""
     if not isinstance(raw, list):
         return []
     out: list[Attachment] = []
     for item in raw[:MAX_FILES_PER_MESSAGE]:
         if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
             continue
-        if item.get("mode") in ("tombstone", "external"):
-            continue
         size = item.get("size")
+        name = str(item.get("name") or item.get("title") or "")[:255]
+        if item.get("mode") in ("tombstone", "external"):
+            why = "it was deleted" if item["mode"] == "tombstone" else "it is a link to an external file, not an upload"
+            out.append(Attachment(kind="file", file_id=item["id"][:64], name=name, unsupported=why))
+            continue
         url = item.get("url_private_download") or item.get("url_private")
         out.append(Attachment(
             kind="file",
             file_id=item["id"][:64],
-            name=str(item.get("name") or item.get("title") or "")[:255],
+            name=name,
             mime=str(item.get("mimetype") or "")[:200],
             size=size if isinstance(size, int) and size >= 0 else None,
             url=url if isinstance(url, str) else None,

@@ -221,3 +221,13 @@ async def test_every_run_sweeps_its_inbox_at_most_hourly(tmp_path: Path, ledger:
     await files.sweep(request())  # within the hour: not scanned again
     assert old.exists()
     await Attachments(config(tmp_path / "none"), ledger).sweep(request())  # no inbox: nothing happens
+
+
+async def test_an_unsupported_file_is_skipped_with_its_reason(tmp_path: Path, ledger: DeliveryLedger) -> None:
+    req = RunRequest(session_key="s", channel="test", chat_id="1", text="",
+                     attachments=[Attachment(kind="file", file_id="F", name="doc", unsupported="it was deleted")])
+    channel = ScriptedFiles()
+    channel.inbox = tmp_path / "ws" / "inbox"
+    [result] = await Attachments(config(tmp_path), ledger).fetch_all(req, channel)  # type: ignore[arg-type]
+    assert isinstance(result, Skipped) and result.reason == "it was deleted"
+    assert channel.seen_parts == []  # never downloaded

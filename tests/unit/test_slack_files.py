@@ -24,6 +24,9 @@ def test_file_objects_become_attachments() -> None:
     assert message_files(raw) == [
         Attachment(kind="file", file_id="F1", name="a.csv", mime="text/csv", size=12, url="https://files.slack.com/a"),
         Attachment(kind="file", file_id="F2"),
+        Attachment(kind="file", file_id="F3", unsupported="it was deleted"),
+        Attachment(kind="file", file_id="F4", name="gdrive doc",
+                   unsupported="it is a link to an external file, not an upload"),
         Attachment(kind="file", file_id="F5", name="neg"),
     ]
     assert message_files(None) == [] and message_files({"id": "F1"}) == []
