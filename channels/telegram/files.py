@@ -35,6 +35,10 @@ CHUNK = 65_536
 UPLOAD_TIMEOUT_S = 300.0
 
 
+class Refused(FileTransferError):
+    """Telegram answered the upload with a Bad Request (nothing was sent)."""
+
+
 def _mb(size: int) -> str:
     return f"{size / (1024 * 1024):.1f} MB"
 
@@ -102,10 +106,10 @@ class TelegramFiles:
         if path.suffix.lower() in PHOTO_SUFFIXES and size <= PHOTO_LIMIT:
             try:
                 return await self._upload(chat, "sendPhoto", path, params)
-            except FileTransferError as exc:
-                if "dimension" not in str(exc).lower() and "photo" not in str(exc).lower():
-                    raise
-                log.info("telegram.photo_as_document", error=str(exc))  # e.g. a very long strip
+            except Refused as exc:
+                # Not a picture Telegram takes (a long strip, a mislabelled file): as a document.
+                # Only a refusal: after a timeout the photo may have arrived, and must not twice.
+                log.info("telegram.photo_as_document", error=str(exc))
         return await self._upload(chat, "sendDocument", path, params)
 
     async def _upload(self, chat: ChatRef, method: str, path: Path, params: dict[str, Any]) -> Message:
@@ -119,6 +123,8 @@ class TelegramFiles:
 
         try:
             return await self.sender.call(chat.chat_id, method, call)
+        except BadRequest as exc:
+            raise Refused(f"Telegram refused the file: {scrub(str(exc))}") from None
         except TelegramError as exc:
             raise FileTransferError(f"Telegram refused the file: {scrub(str(exc))}") from None
         except OSError as exc:

@@ -218,6 +218,21 @@ async def test_send_file_uploads_a_document_and_a_photo(tmp_path: Path, redis_ur
                                                    f"({len(_png())} bytes) to the chat."]
 
 
+async def test_a_picture_telegram_refuses_as_a_photo_goes_as_a_document(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with FakeOpenAI() as llm, telegram_daemon(tmp_path, llm, redis_url, redis_prefix) as (tg, daemon):
+        (daemon.cfg.workspace / "strip.png").write_bytes(_png())
+        tg.fail_next("sendPhoto", description="Bad Request: PHOTO_INVALID_DIMENSIONS")
+        llm.script(Reply.tool_calls([Call("send_file", {"path": "strip.png"})]), Reply.text("sent"))
+        tg.push_message(tg.private_message(USER, "send the strip"))
+        await llm.wait_for_requests(2, timeout_s=10)
+        [upload] = tg.uploads
+        assert (upload.method, upload.filename) == ("sendDocument", "strip.png")
+        [result] = [m for m in llm.requests[1]["messages"] if m["role"] == "tool"]
+        assert result["content"].startswith("Sent strip.png")
+
+
 async def test_send_file_outside_the_allowed_paths_is_refused(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
     secret = tmp_path / "outside.txt"
     secret.write_text("not yours")
