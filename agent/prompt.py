@@ -89,6 +89,8 @@ class PromptSpec:
     model: str = ""
     task: str | None = None  # what a scheduled run must do (cron prompt, heartbeat, flush)
     context_files: Sequence[str | Path] = ()  # extra workspace files shown in full mode
+    # The session's own directory (per-user/per-chat workspaces); None: the workspace itself.
+    session_workspace: Path | None = None
 
 
 def _section(title: str, body: str) -> str:
@@ -132,7 +134,9 @@ def safety_section(spec: PromptSpec) -> str:
 
 
 def memory_section(spec: PromptSpec) -> str:
-    memory = read_workspace_file(spec.workspace, "MEMORY.md")
+    memory = read_workspace_file(spec.session_workspace or spec.workspace, "MEMORY.md")
+    if not memory.present and spec.session_workspace is not None:
+        memory = read_workspace_file(spec.workspace, "MEMORY.md")
     howto = (
         "Long-term memory lives in MEMORY.md in the workspace. When the user asks you to remember "
         "something, or you learn a lasting fact or preference, update it with the file tools "
@@ -146,7 +150,8 @@ def memory_section(spec: PromptSpec) -> str:
 
 def workspace_section(spec: PromptSpec) -> str:
     body = (
-        f"Your workspace directory is {single_line(str(spec.workspace), 500)}. File tools resolve "
+        f"Your workspace directory is {single_line(str(spec.session_workspace or spec.workspace), 500)}. "
+        "File tools resolve "
         "relative paths against it; keep your own files there."
     )
     extra = [read_workspace_file(spec.workspace, name) for name in spec.context_files]

@@ -5,9 +5,13 @@ HTTP Events route) until the channel's ``submit`` is called — bolt dispatch, t
 normalization, access, the two dedupe ``SET NX`` and the thread bookkeeping in a
 private Valkey server. Outbound: one reply (``:eyes:``, a preview, the final part,
 reaction removed) through ``SlackReplyStream``, and ``format_parts`` on replies of
-typical sizes. The fake answers at once, so the figures are botd's share only.
+typical sizes. Faults: 200 streamed replies with 30 % of the ``chat.update`` calls
+failing in mixed ways (5xx, timeouts, dropped connections, malformed answers,
+``msg_too_long``, ``message_not_found``, ``ratelimited``), against the same replies
+with no faults (``bench/preview_faults.py``). The fake answers at once, so the figures
+are botd's share only.
 
-    .venv/bin/python bench/slack.py [--events 500] [--burst 200] [--replies 200]
+    .venv/bin/python bench/slack.py [--events 500] [--burst 200] [--replies 200] [--fault-rate 0.3] [--faults-only]
 
 Prints a table and writes bench/slack.json.
 """
@@ -37,6 +41,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from agent.types import RunRequest  # noqa: E402
+from bench import preview_faults  # noqa: E402
 from channels.base import SubmitResult, Target  # noqa: E402
 from channels.slack import SlackChannel, SlackSettings  # noqa: E402
 from channels.slack.format import format_parts  # noqa: E402
@@ -220,6 +225,47 @@ async def bench_replies(fake: FakeSlack, client: aioredis.Redis, replies: int) -
     return {"reply_cycle": summary(cycles), "send_text": summary(posts), "api_calls_per_reply": 4}
 
 
+PREVIEW_INTERVAL_S = 0.05
+
+
+async def bench_faults(client: aioredis.Redis, replies: int, rate: float) -> dict[str, Any]:
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)  # the fake's dropped connections
+    runs = []
+    for label, fault_rate in (("clean", 0.0), ("faults", rate)):
+        async with FakeSlack() as fake:
+            ctx = RecordingContext(RedisKeyValue(client, f"bench-faults-{label}"))
+            settings = SlackSettings(bot_token=fake.bot_token, signing_secret="x", mode="http",
+                                     api_base_url=fake.api_url, preview_interval_s=PREVIEW_INTERVAL_S,
+                                     api_timeout_s=1.0)
+            channel = SlackChannel(settings)
+            await channel.start(ctx.ctx)
+            if fault_rate:
+                fake.chaos("chat.update", fault_rate, seed=14, hang_s=1.5)
+            parts = format_parts(REPLY_UNIT * 60)
+            text = REPLY_UNIT * 2
+            previews = [text[: len(text) * k // preview_faults.PREVIEWS_PER_REPLY]
+                        for k in range(1, preview_faults.PREVIEWS_PER_REPLY + 1)]
+            platform = preview_faults.Platform(
+                open_stream=lambda n, ch=channel: ch.open_stream(  # type: ignore[misc]
+                    Target(channel="slack", chat_id=f"CF{n}", reply_to=f"9.{n}"), f"bench-run-{n}"),
+                chat_shows=lambda n, fake=fake: _conversation(fake, f"CF{n}"),
+                api_calls=lambda n, fake=fake: sum(
+                    1 for c in fake.calls if c.args.get("channel") == f"CF{n}" and not c.method.startswith("reactions.")),
+                preview_gap_s=PREVIEW_INTERVAL_S * 1.5,
+            )
+            try:
+                runs.append(await preview_faults.run_replies(platform, parts, previews, replies, concurrency=1,
+                                                             settle=lambda: asyncio.sleep(2.0)))
+            finally:
+                await channel.stop()
+    return preview_faults.compare(runs[0], runs[1], rate)
+
+
+def _conversation(fake: FakeSlack, channel: str) -> list[str]:
+    return [str(m.get("text") or "") for (ch, _), m in sorted(fake.messages.items(), key=lambda kv: float(kv[0][1]))
+            if ch == channel]
+
+
 def bench_format(sizes: list[int], repeat: int) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
@@ -248,13 +294,21 @@ async def main() -> None:
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--replies", type=int, default=200)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--fault-rate", type=float, default=0.3, help="share of chat.update calls failing")
+    parser.add_argument("--faults-only", action="store_true", help="run only the preview-fault comparison")
     args = parser.parse_args()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.WARNING))
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    if args.faults_only:
+        async with valkey() as client:
+            only = await bench_faults(client, args.replies, args.fault_rate)
+        print(table(only))
+        return
 
     async with valkey() as client, FakeSlack() as fake:
         socket_row = await bench_socket(fake, client, args.events, args.burst)
         http_row = await bench_http(fake, client, args.events, args.burst)
         replies = await bench_replies(fake, client, args.replies)
+        faults = await bench_faults(client, args.replies, args.fault_rate)
     formatting = bench_format([1_000, 10_000, 100_000], args.repeat)
 
     print(f"{'inbound path':<28}{'p50 ms':>10}{'p99 ms':>10}{'burst/s':>10}")
@@ -274,6 +328,8 @@ async def main() -> None:
         f"{'send_text (1 post)':<28}{replies['send_text']['p50_ms']:>10}{replies['send_text']['p99_ms']:>10}"
     )
     print()
+    print(table(faults))
+    print()
     print(f"{'format_parts chars':<28}{'parts':>10}{'median ms':>10}{'MB/s':>10}")
     for row in formatting:
         print(f"{row['chars']:<28}{row['parts']:>10}{row['median_ms']:>10}{row['mb_per_s']:>10}")
@@ -286,6 +342,7 @@ async def main() -> None:
                 "socket_mode": socket_row,
                 "http_events": http_row,
                 "outbound": replies,
+                "faults": faults,
                 "format_parts": formatting,
             },
             indent=2,
@@ -293,6 +350,14 @@ async def main() -> None:
         + "\n"
     )
     print(f"\nwrote {OUTPUT.relative_to(ROOT)}")
+
+
+def table(faults: dict[str, Any]) -> str:
+    lines = [f"{'preview faults':<28}{'complete/once':>14}{'calls/reply':>12}{'p50 ms':>10}{'p99 ms':>10}"]
+    for label, complete, calls, p50, p99 in preview_faults.rows(faults):
+        lines.append(f"{label:<28}{complete:>14}{calls:>12}{p50:>10}{p99:>10}")
+    lines.append(f"extra API calls per reply: {faults['extra_api_calls_per_reply']}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

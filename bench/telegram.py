@@ -6,10 +6,14 @@ the offset write to Redis (a private Valkey server); and a webhook POST until it
 200. Outbound: ``send_text`` of a short notice, one reply cycle (typing, a preview,
 the final edit, close) and a long answer split into several messages. Formatting:
 ``format_parts`` (Markdown -> Telegram HTML -> parts) on answers of growing size.
+Faults: 200 streamed replies with 30 % of the preview edits failing in mixed ways
+(5xx, timeouts, dropped connections, malformed answers, "can't be edited", deleted
+previews, 429), against the same replies with no faults (``bench/preview_faults.py``).
 The fake answers at once and runs in the same process, so the figures are botd's
 share plus the fake's.
 
-    .venv/bin/python bench/telegram.py [--updates 300] [--burst 200] [--replies 200] [--redis-url URL]
+    .venv/bin/python bench/telegram.py [--updates 300] [--burst 200] [--replies 200] [--fault-rate 0.3]
+                                       [--faults-only] [--redis-url URL]
 
 Prints a table and writes bench/telegram.json.
 """
@@ -38,11 +42,13 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from agent.types import RunRequest  # noqa: E402
+from bench import preview_faults  # noqa: E402
 from bench.common import redis_url_from_env, report_header, summary_ms, table, temp_workspace, write_json  # noqa: E402
 from channels.base import SubmitResult, Target  # noqa: E402
 from channels.telegram.format import render_parts  # noqa: E402
 from channels.telegram.webhook import SECRET_HEADER  # noqa: E402
 from tests.fakes.telegram_context import TelegramHarness  # noqa: E402
+from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "telegram.json"
 SECRET = "bench_secret"
@@ -186,6 +192,41 @@ async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]
                 "long_answer": {**summary_ms(long_answer), "parts": parts_sent, "markdown_chars": len(big)}}
 
 
+FIRST_FAULT_CHAT = 700_000
+PREVIEW_INTERVAL_S = 0.05
+CONCURRENCY = 1  # one reply at a time: reply times without CPU contention between replies
+
+
+async def bench_faults(client: aioredis.Redis, replies: int, rate: float) -> dict[str, Any]:
+    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)  # the fake's dropped connections
+    runs = []
+    for label, fault_rate in (("clean", 0.0), ("faults", rate)):
+        async with TelegramHarness(client, f"bench-faults-{label}") as h:
+            channel = await h.channel(stream_edit_interval_s=PREVIEW_INTERVAL_S,
+                                      tuning={"preview_timeout_s": 1.0, "send_backoff_s": 0.05})
+            if fault_rate:
+                h.fake.chaos("editMessageText", fault_rate, seed=14, hang_s=1.5)
+            parts = channel.format_parts(REPLY_UNIT * 20)
+            text = REPLY_UNIT * 2
+            previews = [text[: len(text) * k // preview_faults.PREVIEWS_PER_REPLY]
+                        for k in range(1, preview_faults.PREVIEWS_PER_REPLY + 1)]
+            platform = preview_faults.Platform(
+                open_stream=lambda n, ch=channel: ch.open_stream(  # type: ignore[misc]
+                    Target(channel="telegram", chat_id=str(FIRST_FAULT_CHAT + n), meta={"chat_type": "private"}),
+                    f"bench-run-{n}"),
+                chat_shows=lambda n, fake=h.fake: [m.raw for m in fake.sent_messages(FIRST_FAULT_CHAT + n)],
+                api_calls=lambda n, fake=h.fake: _chat_calls(fake, FIRST_FAULT_CHAT + n),
+                preview_gap_s=PREVIEW_INTERVAL_S * 1.5,
+            )
+            runs.append(await preview_faults.run_replies(platform, parts, previews, replies, concurrency=CONCURRENCY,
+                                                         settle=lambda: asyncio.sleep(2.0)))
+    return preview_faults.compare(runs[0], runs[1], rate)
+
+
+def _chat_calls(fake: FakeTelegram, chat_id: int) -> int:
+    return sum(1 for c in fake.calls if c.method != "sendChatAction" and c.params.get("chat_id") == chat_id)
+
+
 def bench_format() -> list[dict[str, Any]]:
     rows = []
     for label, repeat in (("2 KB", 5), ("30 KB", 80), ("300 KB", 800), ("1.2 MB", 3200)):
@@ -209,13 +250,23 @@ async def main() -> None:
     parser.add_argument("--burst", type=int, default=200, help="updates queued at once per intake mode")
     parser.add_argument("--replies", type=int, default=200, help="outbound notices and reply cycles")
     parser.add_argument("--redis-url", default=None, help="measure against this Redis instead of a private Valkey")
+    parser.add_argument("--fault-rate", type=float, default=0.3, help="share of preview edits failing")
+    parser.add_argument("--faults-only", action="store_true", help="run only the preview-fault comparison")
     args = parser.parse_args()
     logging.disable(logging.WARNING)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
 
     report: dict[str, Any] = report_header("telegram", "bench/telegram.py")
+    if args.faults_only:
+        async with redis_client(redis_url_from_env(args.redis_url)) as client:
+            faults = await bench_faults(client, args.replies, args.fault_rate)
+        print(table(["preview faults", "complete/once", "API calls/reply", "p50 ms", "p99 ms"],
+                    preview_faults.rows(faults)))
+        print(f"extra API calls per reply: {faults['extra_api_calls_per_reply']}")
+        return
     report["format_parts"] = bench_format()
     async with redis_client(redis_url_from_env(args.redis_url)) as client:
+        report["faults"] = await bench_faults(client, args.replies, args.fault_rate)
         report["polling"] = await bench_polling(client, args.updates, args.burst)
         report["webhook"] = await bench_webhook(client, args.updates, args.burst)
         report["outbound"] = await bench_outbound(client, args.replies)
@@ -234,6 +285,10 @@ async def main() -> None:
         [f"long answer ({out['long_answer']['parts']} parts)", out["long_answer"]["p50_ms"],
          out["long_answer"]["p90_ms"], out["long_answer"]["p99_ms"]],
     ]))
+    print()
+    print(table(["preview faults", "complete/once", "API calls/reply", "p50 ms", "p99 ms"],
+                preview_faults.rows(report["faults"])))
+    print(f"extra API calls per reply: {report['faults']['extra_api_calls_per_reply']}")
     print()
     print(table(["format_parts input", "chars", "parts", "best ms", "MB/s"], [
         [r["input"], r["chars"], r["parts"], r["best_ms"], r["mb_per_s"]] for r in report["format_parts"]

@@ -3,10 +3,13 @@
 * the command guard on typical command lines (µs per check) and on 128 KiB hostile
   lines built to make a parser or a regex go quadratic (worst time per check);
 * a ``bash`` call end to end (guard, allowlisted env, ``bash -c`` in its own process
-  group, capture, clean-up) and a YAML CLI tool call (no shell), in ms per call;
+  group, capture, clean-up) and a YAML CLI tool call (no shell), in ms per call, outside
+  and inside the tool sandbox (bubblewrap + limits), and the sandbox's overhead;
 * ``read_file`` of a 1 MiB file and an atomic ``write_file`` of 1 MiB;
 * ``/stop``-style cancellation: from ``task.cancel()`` on a running ``bash`` call
-  (a tree of sleeping children) until every process of the tree is gone.
+  (a tree of sleeping children) until every process of the tree is gone;
+* MCP: a tool call to a stdio server (the fake MCPServer in ``tests/fakes``) next to a
+  CLI tool call, and a server's start-up (spawn, handshake, first tool list).
 
     .venv/bin/python bench/tools.py [--calls 200] [--checks 2000]
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -39,7 +43,10 @@ from agent.tools.bash import BashTool  # noqa: E402
 from agent.tools.cli_tools import load_cli_tools  # noqa: E402
 from agent.tools.command_guard import BlockedCommandError, check_command  # noqa: E402
 from agent.tools.files import ReadFileTool, WriteFileTool  # noqa: E402
-from agent.tools.registry import ToolContext, ToolSettings  # noqa: E402
+from agent.tools.mcp import McpManager  # noqa: E402
+from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings  # noqa: E402
+from agent.tools.sandbox import Sandbox  # noqa: E402
+from tests.fakes.mcp_rig import ALLOWLIST, stdio_spec  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "tools.json"
 
@@ -117,9 +124,6 @@ def guard_figures(checks: int) -> tuple[list[list[Any]], dict[str, Any]]:
 
 
 async def call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], dict[str, Any]]:
-    settings = ToolSettings(workspace=workspace, timeout_s=30)
-    ctx = ToolContext(run_id="bench", session_key="bench", settings=settings)
-    bash = BashTool(settings)
     tools_file = workspace / "tools.yaml"
     tools_file.write_text(
         "tools:\n  - name: say\n    category: read\n    cmd: printf\n"
@@ -128,20 +132,34 @@ async def call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], di
     (say,) = load_cli_tools(tools_file)
     results: dict[str, Any] = {}
     rows: list[list[Any]] = []
-    for label, run in [
-        ("bash: `true`", lambda: bash.execute({"command": "true"}, ctx)),
-        ("bash: `echo hi | wc -c`", lambda: bash.execute({"command": "echo hi | wc -c"}, ctx)),
-        ("CLI tool: printf (no shell)", lambda: say.execute({"text": "hi"}, ctx)),
-    ]:
-        samples = []
-        for _ in range(calls):
-            started = time.perf_counter()
-            out = await run()
-            samples.append(time.perf_counter() - started)
-            assert not out.is_error, out.content
-        stats = summary_ms(samples)
-        results[label] = stats
-        rows.append([label, f"{stats['p50_ms']:.2f} ms", f"{stats['p99_ms']:.2f} ms"])
+    sandbox = Sandbox.from_mode("auto")
+    variants = [("no sandbox", Sandbox(bwrap=None, reason="bench"))]
+    if sandbox.active:
+        variants.append(("bwrap", sandbox))
+        if sandbox.pids_cgroup is not None:  # as root: moving into a cgroup v1 costs extra
+            variants.append(("bwrap, no pids cgroup", dataclasses.replace(sandbox, pids_cgroup=None)))
+    else:
+        print(f"sandbox unavailable, only unsandboxed figures: {sandbox.reason}", file=sys.stderr)
+    for variant, box in variants:
+        settings = ToolSettings(workspace=workspace, allowed_paths=(workspace,), timeout_s=30, sandbox=box)
+        ctx = ToolContext(run_id="bench", session_key="bench", settings=settings)
+        bash = BashTool(settings)
+        for label, run in [
+            (f"bash: `true` ({variant})", lambda b=bash, c=ctx: b.execute({"command": "true"}, c)),
+            (f"bash: `echo hi | wc -c` ({variant})",
+             lambda b=bash, c=ctx: b.execute({"command": "echo hi | wc -c"}, c)),
+            (f"CLI tool: printf, no shell ({variant})", lambda c=ctx: say.execute({"text": "hi"}, c)),
+        ]:
+            for _ in range(5):  # warm-up: page cache, first namespace set-up
+                await run()
+            await timed(label, run, calls, results, rows)
+    for variant, _ in variants[1:]:
+        for what in ("bash: `true`", "CLI tool: printf, no shell"):
+            inside, outside = results[f"{what} ({variant})"], results[f"{what} (no sandbox)"]
+            overhead = {k: round(inside[k] - outside[k], 3) for k in ("p50_ms", "p99_ms")}
+            label = f"overhead of {variant}: {what}"
+            results[label] = overhead
+            rows.append([label, f"{overhead['p50_ms']:.2f} ms", f"{overhead['p99_ms']:.2f} ms"])
 
     big = workspace / "big.txt"
     big.write_text(("x" * 99 + "\n") * 10_486)  # ~1 MiB of 100-byte lines
@@ -153,16 +171,23 @@ async def call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], di
             lambda: WriteFileTool().execute({"path": "copy.txt", "content": "y" * 1_048_576}, read_ctx),
         ),
     ]:
-        samples = []
-        for _ in range(max(10, calls // 10)):
-            started = time.perf_counter()
-            out = await run()
-            samples.append(time.perf_counter() - started)
-            assert not out.is_error, out.content
-        stats = summary_ms(samples)
-        results[label] = stats
-        rows.append([label, f"{stats['p50_ms']:.2f} ms", f"{stats['p99_ms']:.2f} ms"])
+        await timed(label, run, max(10, calls // 10), results, rows)
     return rows, results
+
+
+async def timed(
+    label: str, run: Any, calls: int, results: dict[str, Any], rows: list[list[Any]]
+) -> None:
+    """Time ``calls`` successful calls of ``run``; add their summary to ``results`` and ``rows``."""
+    samples = []
+    for _ in range(calls):
+        started = time.perf_counter()
+        out = await run()
+        samples.append(time.perf_counter() - started)
+        assert not out.is_error, out.content
+    stats = summary_ms(samples)
+    results[label] = stats
+    rows.append([label, f"{stats['p50_ms']:.2f} ms", f"{stats['p99_ms']:.2f} ms"])
 
 
 async def cancel_figures(rounds: int, workspace: Path) -> tuple[list[list[Any]], dict[str, Any]]:
@@ -191,6 +216,59 @@ async def cancel_figures(rounds: int, workspace: Path) -> tuple[list[list[Any]],
     ], stats
 
 
+async def _mcp_ready(workspace: Path) -> McpManager:
+    markers = workspace / "mcp-markers"
+    markers.mkdir(exist_ok=True)
+    manager = McpManager([stdio_spec("bench", markers)], ToolRegistry(), cwd=workspace, env_allowlist=ALLOWLIST)
+    await manager.start()
+    connection = manager.connections["bench"]
+    while connection.state != "ready":
+        if connection.last_error:
+            raise RuntimeError(f"the MCP server did not start: {connection.last_error}")
+        await asyncio.sleep(0.002)
+    return manager
+
+
+async def mcp_startup_figures(starts: int, workspace: Path) -> tuple[list[list[Any]], dict[str, Any]]:
+    """From ``McpManager.start()`` until the stdio server's tools are registered."""
+    samples = []
+    for _ in range(starts):
+        started = time.perf_counter()
+        manager = await _mcp_ready(workspace)
+        samples.append(time.perf_counter() - started)
+        await manager.stop()
+    stats = summary_ms(samples)
+    return [["MCP stdio server start-up (spawn, handshake, list)", f"{stats['p50_ms']:.0f} ms",
+             f"{stats['p99_ms']:.0f} ms"]], stats
+
+
+async def mcp_call_figures(calls: int, workspace: Path) -> tuple[list[list[Any]], dict[str, Any]]:
+    """An MCP stdio tool call and a CLI tool call, interleaved so both see the same machine load."""
+    ctx = ToolContext(run_id="bench", session_key="bench", settings=ToolSettings(workspace=workspace))
+    tools_file = workspace / "mcp-cli.yaml"
+    tools_file.write_text(
+        "tools:\n  - name: say\n    category: read\n    cmd: printf\n"
+        "    args: ['%s', '{{text}}']\n    parameters: {text: {type: string}}\n"
+    )
+    (say,) = load_cli_tools(tools_file)
+    manager = await _mcp_ready(workspace)
+    echo = manager.registry.get("bench__echo")
+    assert echo is not None
+    samples: dict[str, list[float]] = {"MCP stdio call: echo": [], "CLI tool call: printf": []}
+    try:
+        for _ in range(calls):
+            for label, tool in (("MCP stdio call: echo", echo), ("CLI tool call: printf", say)):
+                started = time.perf_counter()
+                out = await tool.execute({"text": "hi"}, ctx)
+                samples[label].append(time.perf_counter() - started)
+                assert not out.is_error, out.content
+    finally:
+        await manager.stop()
+    results = {label: summary_ms(values) for label, values in samples.items()}
+    rows = [[label, f"{s['p50_ms']:.2f} ms", f"{s['p99_ms']:.2f} ms"] for label, s in results.items()]
+    return rows, results
+
+
 def _alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
@@ -210,9 +288,11 @@ async def main() -> None:
         guard_rows, guard = guard_figures(args.checks)
         call_rows, calls = await call_figures(args.calls, workspace)
         cancel_rows, cancel = await cancel_figures(max(5, args.calls // 10), workspace)
+        mcp_rows, mcp_calls = await mcp_call_figures(args.calls, workspace)
+        start_rows, mcp_start = await mcp_startup_figures(max(5, args.calls // 20), workspace)
     finally:
         shutil.rmtree(workspace, ignore_errors=True)
-    print(table(["what", "p50", "p99"], [*guard_rows, *call_rows, *cancel_rows]))
+    print(table(["what", "p50", "p99"], [*guard_rows, *call_rows, *cancel_rows, *mcp_rows, *start_rows]))
     report = {
         "benchmark": "tools",
         "command": " ".join([".venv/bin/python", "bench/tools.py", *sys.argv[1:]]),
@@ -222,6 +302,7 @@ async def main() -> None:
         "guard": guard,
         "calls": calls,
         "cancel": cancel,
+        "mcp": {"calls": mcp_calls, "startup": mcp_start},
     }
     OUTPUT.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {OUTPUT.relative_to(ROOT)}")

@@ -10,58 +10,79 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent.llm import LLMClient
 from agent.llm_types import ChatModel
 from agent.tools.builtin import load_tools
 from agent.tools.cli_tools import ToolConfigError
-from agent.tools.registry import ToolRegistry, ToolSettings
+from agent.tools.mcp import McpManager
+from agent.tools.registry import Tool, ToolRegistry, ToolSettings
+from agent.tools.sandbox import Sandbox
 from bot.compactor import SessionCompactor
 from bot.config import BotdConfig, ConfigError
 from bot.gateway.approvals import Approvals
 from bot.gateway.control import COMMANDS, ControlCommands
 from bot.gateway.gateway import Gateway
+from bot.gateway.redelivery import Redelivery
 from bot.gateway.reply import DeliveryLedger
 from bot.gateway.run import RunDeps, RunExecutor
 from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
+from bot.mcp_servers import sandboxed, server_specs
+from bot.pairing import ApprovalNotices, ChannelPairing, PairingStore
+from bot.sandboxing import build_sandbox, hidden_paths
 from bot.scheduled_runner import GatewayScheduledRunner
 from bot.session_keys import cron_session_key, heartbeat_session_key, session_key
 from bot.store.connection import RedisHandle
 from bot.store.kv import RedisKeyValue
 from bot.store.locks import SessionLock
+from bot.store.seal import RecordSeal
 from bot.store.sessions import SessionStore
 from bot.tracing import TraceStore
+from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, ChannelContext, RouteHandler, Scope
 from scheduler.cron_tool import CronTool
 from scheduler.service import SchedulerService
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import JobStore
 
+if TYPE_CHECKING:
+    from channels.slack import SlackSettings
+    from channels.telegram import TelegramSettings
+
 
 def replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def tool_settings(cfg: BotdConfig) -> ToolSettings:
+def tool_settings(cfg: BotdConfig, sandbox: Sandbox | None = None) -> ToolSettings:
+    """``sandbox`` None (config checks): tools unconfined; the daemon passes the probed one."""
     return ToolSettings(
         workspace=cfg.workspace,
         allowed_paths=tuple(Path(p) for p in cfg.allowed_paths()),
         # The store's own files (embedded Valkey data and socket) are never a tool's business.
-        denied_paths=(*(Path(p).expanduser() for p in cfg.security.denied_paths), cfg.workspace / ".botd"),
+        denied_paths=tuple(hidden_paths(cfg)),
         timeout_s=cfg.security.tool_timeout_s,
         max_output_bytes=cfg.security.max_tool_output_bytes,
         env_allowlist=tuple(cfg.security.env_allowlist),
+        sandbox=sandbox or Sandbox(bwrap=None, reason="not probed"),
     )
 
 
-def build_model(cfg: BotdConfig) -> LLMClient:
+def llm_api_key(cfg: BotdConfig) -> str | None:
+    """The API key, or None for a keyless endpoint; without either, a config error."""
     key = cfg.llm.api_key.get_secret_value() if cfg.llm.api_key else None
-    register_secret(key)
     if key is None and cfg.llm.base_url is None:
         raise ConfigError(
             "config error: llm.api_key: required when llm.base_url is not set (or set OPENAI_API_KEY)"
         )
+    return key
+
+
+def build_model(cfg: BotdConfig) -> LLMClient:
+    key = llm_api_key(cfg)
+    register_secret(key)
     return LLMClient(
         model=cfg.llm.model,
         base_url=cfg.llm.base_url,
@@ -72,20 +93,52 @@ def build_model(cfg: BotdConfig) -> LLMClient:
     )
 
 
+def declared_tools(cfg: BotdConfig, settings: ToolSettings) -> list[Tool]:
+    """Built-in tools plus the CLI tools file, checked completely (a mistake is a config error)."""
+    try:
+        return load_tools(settings, cfg.cli_tools_path())
+    except ToolConfigError as exc:
+        raise ConfigError(f"config error: security.cli_tools_file: {exc}") from None
+
+
+def channel_settings(cfg: BotdConfig) -> tuple[TelegramSettings | None, SlackSettings | None]:
+    """The enabled channels' settings; a value the adapter refuses is a config error."""
+    from channels.slack import SlackSettings
+    from channels.telegram import TelegramSettings
+
+    try:
+        telegram = TelegramSettings.from_config(cfg.telegram) if cfg.telegram.enabled else None
+        slack = SlackSettings.from_config(cfg.slack) if cfg.slack.enabled else None
+    except ValueError as exc:
+        raise ConfigError(f"config error: {exc}") from None
+    return telegram, slack
+
+
+def check_config(cfg: BotdConfig, *, model: bool = True, channels: bool = True) -> None:
+    """What ``botd run`` refuses before starting anything; ``botd doctor`` runs the same.
+
+    ``model``/``channels`` False skip the parts a caller supplies itself (tests, ``botd chat``).
+    """
+    if model:
+        llm_api_key(cfg)
+    declared_tools(cfg, tool_settings(cfg))
+    if channels:
+        channel_settings(cfg)
+
+
 def build_channels(cfg: BotdConfig) -> dict[str, ChannelAdapter]:
     """The enabled platform channels (imported lazily: each pulls in its SDK)."""
+    telegram, slack = channel_settings(cfg)
     out: dict[str, ChannelAdapter] = {}
-    if cfg.telegram.enabled:
-        from channels.telegram import TelegramChannel, TelegramSettings
+    if telegram is not None:
+        from channels.telegram import TelegramChannel
 
-        settings = TelegramSettings.from_config(cfg.telegram)
-        register_secret(settings.token)
-        register_secret(settings.webhook_secret)
-        out["telegram"] = TelegramChannel(settings)
-    if cfg.slack.enabled:
-        from channels.slack import SlackChannel, SlackSettings
+        register_secret(telegram.token)
+        register_secret(telegram.webhook_secret)
+        out["telegram"] = TelegramChannel(telegram)
+    if slack is not None:
+        from channels.slack import SlackChannel
 
-        slack = SlackSettings.from_config(cfg.slack)
         for secret in (slack.bot_token, slack.app_token, slack.signing_secret):
             register_secret(secret)
         out["slack"] = SlackChannel(slack)
@@ -106,23 +159,33 @@ class App:
         cfg, client, prefix = self.cfg, self.store.client, self.cfg.redis.prefix
         keys = self.store.keys
         self.sessions = SessionStore(client, keys)
-        self.jobs = JobStore(client, keys)
-        self.tool_settings = tool_settings(cfg)
-        try:
-            declared = load_tools(self.tool_settings, cfg.security.cli_tools_file)
-        except ToolConfigError as exc:
-            raise ConfigError(f"config error: security.cli_tools_file: {exc}") from None
+        self.seal = RecordSeal.for_config(cfg)
+        self.jobs = JobStore(client, keys, self.seal)
+        self.sandbox = build_sandbox(cfg)
+        self.tool_settings = tool_settings(cfg, self.sandbox)
+        declared = declared_tools(cfg, self.tool_settings)
         self.tools = ToolRegistry([*declared, CronTool(self.jobs, default_timezone=cfg.scheduler.timezone)])
+        # MCP servers add their tools to the same registry as they connect (started by the daemon).
+        self.mcp = McpManager(
+            server_specs(cfg), self.tools, cwd=cfg.workspace, env_allowlist=self.tool_settings.env_allowlist,
+            wrapper=sandboxed(self.tool_settings),
+        )
         self.broadcast = Broadcast(client)
         self.ledger = DeliveryLedger(client, prefix)
-        self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s)
+        self.redelivery = Redelivery(client, keys, self.channels, self.ledger)
+        self.approvals = Approvals(client, prefix, self.broadcast, cfg.gateway.approval_timeout_s, seal=self.seal)
         self.traces = TraceStore(client, prefix)
+        self.pairing = PairingStore(client, keys)
+        notices = ApprovalNotices(client, keys, self.channels)
+        self.broadcast.on(keys.pairing_events(), notices.on_event)
         self.compactor = SessionCompactor(self.sessions, client, prefix, self.model, self.tool_settings, cfg)
         self.executor = RunExecutor(
             RunDeps(
                 cfg=cfg, sessions=self.sessions, model=self.model, tools=self.tools,
                 tool_settings=self.tool_settings, channels=self.channels, ledger=self.ledger,
                 approvals=self.approvals, traces=self.traces, compactor=self.compactor,
+                redelivery=self.redelivery,
+                workspaces=SessionWorkspaces(self.tool_settings, cfg.agent.workspace_scope),
             )
         )
         self.control = ControlCommands(
@@ -147,6 +210,7 @@ class App:
             heartbeat_session_key=heartbeat_session_key(cfg.agent.id),
             agent_id=cfg.agent.id,
             instance_id=self.replica,
+            seal=self.seal,
         )
 
     def channel_context(self, name: str, add_route: Callable[[str, str, RouteHandler], None]) -> ChannelContext:
@@ -162,4 +226,10 @@ class App:
             add_route=add_route,
             replica_id=self.replica,
             commands=COMMANDS,
+            pairing=ChannelPairing(self.pairing, name, self.channels) if self._pairs(name) else None,
         )
+
+    def _pairs(self, channel: str) -> bool:
+        if channel == "telegram":
+            return self.cfg.telegram.dm_policy == "pairing"
+        return channel == "slack" and self.cfg.slack.dm_policy == "pairing"

@@ -6,12 +6,15 @@ import argparse
 import asyncio
 import json
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
 
 from bot.config import BotdConfig
 from bot.daemon import Daemon
 from bot.store.connection import RedisHandle, open_redis
+from bot.store.sessions import SessionInfo
 from bot.tracing import TraceStore, render_trace
 
 
@@ -30,17 +33,24 @@ async def run(cfg: BotdConfig) -> int:
     return 0
 
 
-async def chat(cfg: BotdConfig) -> int:
+async def chat(cfg: BotdConfig, log_path: Path | None) -> int:
     from channels.console import ConsoleChannel
 
+    if log_path is not None:
+        print(f"starting… (logs: {log_path})", flush=True)
     console = ConsoleChannel()
     daemon = Daemon(cfg, channels={"console": console}, with_http=False, with_scheduler=False)
     await daemon.start()
+    grace_s: float | None = None
     try:
         await console.closed.wait()
-        await _wait_idle(daemon)
+        if console.ended_by == "eof":
+            await _wait_idle(daemon)  # piped input: answer the last message before leaving
+        else:
+            await console.stop_runs()  # /exit or Ctrl-C: leave now, without retrying the run later
+            grace_s = 0.0
     finally:
-        await daemon.stop()
+        await daemon.stop(grace_s)
     return 0
 
 
@@ -56,22 +66,26 @@ async def _wait_idle(daemon: Daemon, timeout_s: float = 600.0) -> None:
         await asyncio.sleep(0.1)
 
 
-async def doctor(cfg: BotdConfig) -> int:
-    from bot.doctor import run_checks
-
-    results = await run_checks(cfg)
-    for name, ok, detail in results:
-        print(f"{'ok  ' if ok else 'FAIL'}  {name}: {detail}")
-    return 0 if all(ok for _, ok, _ in results) else 1
-
-
 async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
+    from bot.store.seal import RecordSeal
     from scheduler import cron_commands as cc
+    from scheduler.jobs import SchedulerNotRunningError
     from scheduler.schedules import CronError
     from scheduler.store import JobStore
 
+    upcoming = None
+    if args.cron_command == "next":
+        upcoming = cc.NextQuery(job_id=args.id, cron=args.cron, every=args.every, at=args.at, tz=args.tz,
+                                after=args.after, count=args.count)
+        if args.id is None:  # an inline schedule needs no store
+            try:
+                print(cc.inline_next(upcoming, default_timezone=cfg.scheduler.timezone).render(args.json), end="")
+            except CronError as exc:
+                print(f"botd cron: {exc}", file=sys.stderr)
+                return 2
+            return 0
     async with store(cfg) as handle:
-        jobs = JobStore(handle.client, handle.keys)
+        jobs = JobStore(handle.client, handle.keys, RecordSeal.for_config(cfg))
         try:
             if args.cron_command == "add":
                 options = cc.CronAddOptions(
@@ -97,6 +111,15 @@ async def cron(cfg: BotdConfig, args: argparse.Namespace) -> int:
                         print("no result yet (is a daemon running?)", file=sys.stderr)
                         return 1
                     print(record.model_dump_json())
+                    if (failure := cc.run_verdict(record)) is not None:
+                        print(f"botd cron: {failure}", file=sys.stderr)
+                        return 1
+            elif upcoming is not None:
+                fires = await cc.job_next(jobs, upcoming, default_timezone=cfg.scheduler.timezone)
+                print(fires.render(args.json), end="")
+        except SchedulerNotRunningError as exc:
+            print(f"botd cron: {exc}", file=sys.stderr)
+            return 1
         except CronError as exc:
             print(f"botd cron: {exc}", file=sys.stderr)
             return 2
@@ -110,8 +133,11 @@ async def sessions(cfg: BotdConfig, args: argparse.Namespace) -> int:
         sessions_store = SessionStore(handle.client, handle.keys)
         if args.sessions_command == "list":
             page = await sessions_store.list_sessions(limit=max(1, min(args.limit, 1000)))
-            for info in page.sessions:
-                print(json.dumps(info.model_dump(mode="json"), ensure_ascii=False))
+            if args.json:
+                for info in page.sessions:
+                    print(json.dumps(info.model_dump(mode="json"), ensure_ascii=False))
+            else:
+                print(format_session_table(page.sessions))
         elif args.sessions_command == "show":
             info = await sessions_store.show(args.key)
             if not info.exists:
@@ -121,9 +147,38 @@ async def sessions(cfg: BotdConfig, args: argparse.Namespace) -> int:
             for message in await sessions_store.history(args.key):
                 print(message.model_dump_json(exclude_none=True))
         elif args.sessions_command == "reset":
-            existed = await sessions_store.reset(args.key)
-            print(f"reset {args.key}" if existed else f"no session {args.key}")
+            if not await sessions_store.reset(args.key):
+                print(f"no session {args.key} (see `botd sessions list`)", file=sys.stderr)
+                return 1
+            print(f"reset {args.key}")
     return 0
+
+
+def format_session_table(sessions: Sequence[SessionInfo]) -> str:
+    """Sessions for humans: last activity in local time, message count, tokens."""
+    if not sessions:
+        return "No sessions."
+    rows = [("LAST ACTIVITY", "MESSAGES", "TOKENS", "SESSION")]
+    for info in sessions:
+        rows.append((
+            _local_time(info.last_activity), str(info.message_count),
+            str(info.usage.total_prompt_tokens + info.usage.total_completion_tokens), info.session_key,
+        ))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def _local_time(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch).astimezone().strftime("%Y-%m-%d %H:%M %Z")
+
+
+async def pairing(cfg: BotdConfig, args: argparse.Namespace) -> int:
+    from bot.pairing import run_cli
+
+    async with store(cfg) as handle:
+        return await run_cli(handle.client, handle.keys, args, channels=["telegram", "slack"])
 
 
 async def trace(cfg: BotdConfig, run_id: str) -> int:

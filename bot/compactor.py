@@ -70,7 +70,9 @@ class SessionCompactor:
         self.lock_ttl_s = lock_ttl_s
         self.clock = clock or (lambda: datetime.now(UTC))
 
-    async def maybe_compact(self, session_key: str, last_prompt_tokens: int) -> bool:
+    async def maybe_compact(
+        self, session_key: str, last_prompt_tokens: int, *, settings: ToolSettings | None = None
+    ) -> bool:
         """Compact ``session_key`` if it is due; True only when a compaction was stored.
 
         Never raises for a failed compaction (it is logged and the history stays
@@ -94,7 +96,7 @@ class SessionCompactor:
             _log_failure(bound, "check", exc)
             return False
         try:
-            return await self._compact(session_key, last_prompt_tokens, compactions, bound)
+            return await self._compact(session_key, last_prompt_tokens, compactions, bound, settings)
         except Exception as exc:
             _log_failure(bound, "compact", exc)
             return False
@@ -112,7 +114,11 @@ class SessionCompactor:
             tokens = estimate_tokens(await self.sessions.history(session_key), include_tool_calls=True)
         return should_compact(int(count), tokens, self.cfg.llm.context_window), int(compactions or 0)
 
-    async def _compact(self, session_key: str, last_prompt_tokens: int, compactions: int, bound: Any) -> bool:
+    async def _compact(
+        self, session_key: str, last_prompt_tokens: int, compactions: int, bound: Any,
+        settings: ToolSettings | None = None,
+    ) -> bool:
+        settings = settings or self.tool_settings  # the session's own directory: its MEMORY.md
         snapshot = await self.sessions.snapshot(session_key)
         if await self.sessions.compaction_count(session_key) != compactions:
             bound.info("compaction.skipped", reason="compacted_meanwhile")
@@ -125,7 +131,7 @@ class SessionCompactor:
         ctx = ToolContext(
             run_id=run_id,
             session_key=session_key,
-            settings=self.tool_settings,
+            settings=settings,
             policy=ToolPolicy(context="scheduled", allow=("write",)),
         )
         bound.info("compaction.started", messages=snapshot.stored_count, version=snapshot.version)
@@ -134,7 +140,7 @@ class SessionCompactor:
             model=self.model,
             tools=self.tools,
             ctx=ctx,
-            workspace=self.tool_settings.workspace,
+            workspace=settings.workspace,
             now=self.clock(),
             previous_summary=snapshot.summary,
             timezone=self.cfg.scheduler.timezone,

@@ -8,6 +8,7 @@ A bad value raises :class:`ConfigError` naming the key; the CLI exits 2 on it.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SecretStr,
     ValidationError,
     field_validator,
@@ -45,10 +47,11 @@ class _Section(BaseModel):
 
 class AgentConfig(_Section):
     id: str = Field("main", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
-    workspace: Path = Path("./workspace")
+    workspace: Path = Path("~/.botd/workspace")
     max_iterations: int = Field(20, ge=1, le=200)
     history_turns: int = Field(50, ge=1)
     max_message_chars: int = Field(32768, ge=256)
+    workspace_scope: Literal["user", "shared"] = "user"
 
 
 class LLMConfig(_Section):
@@ -81,7 +84,7 @@ class TelegramConfig(_Section):
     webhook_url: str | None = None
     webhook_secret: SecretStr | None = None
     webhook_path: str = "/telegram"
-    dm_policy: Literal["allowlist", "open"] = "allowlist"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: list[str] = Field(default_factory=list)
     groups: list[str] = Field(default_factory=list)
     require_mention: bool = True
@@ -110,6 +113,7 @@ class SlackConfig(_Section):
     mode: Literal["socket", "http"] = "socket"
     api_base_url: str | None = None
     events_path: str = "/slack/events"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: list[str] = Field(default_factory=list)
     channels: list[str] = Field(default_factory=list)
     require_mention: bool = True
@@ -157,6 +161,13 @@ class GatewayConfig(_Section):
     run_timeout_s: float = Field(1800, gt=0)
 
 
+class ToolLimitsConfig(_Section):
+    processes: int = Field(256, ge=8)
+    file_size_mb: int = Field(256, ge=1)
+    memory_mb: int = Field(2048, ge=64)
+    open_files: int = Field(1024, ge=32)
+
+
 class SecurityConfig(_Section):
     allowed_paths: list[Path] | None = None  # None: [<workspace>, /tmp/botd]
     denied_paths: list[Path] = Field(
@@ -168,6 +179,68 @@ class SecurityConfig(_Section):
         default_factory=lambda: ["PATH", "HOME", "USER", "LANG", "LC_ALL", "TERM", "SHELL", "TMPDIR", "TZ"]
     )
     cli_tools_file: Path | None = None
+    sandbox: Literal["auto", "bwrap", "off"] = "auto"
+    sandbox_network: bool = False
+    tool_limits: ToolLimitsConfig = Field(default_factory=lambda: ToolLimitsConfig())
+    # Keys the MACs on approvals and cron grants; unset: generated in <workspace>/.botd/daemon.key.
+    secret: SecretStr | None = None
+
+    @field_validator("secret", mode="before")
+    @classmethod
+    def _empty_secret(cls, value: Any) -> Any:
+        return None if value == "" else value  # an empty variable from an env file means unset
+
+    @field_validator("secret")
+    @classmethod
+    def _secret_length(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None and len(value.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters (e.g. openssl rand -hex 32)")
+        return value
+
+
+class McpToolConfig(_Section):
+    category: Literal["read", "write", "admin"] | None = None
+
+
+class McpServerConfig(_Section):
+    """One MCP server: ``command`` (stdio) or ``url`` (streamable HTTP, or SSE with ``transport: sse``)."""
+
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    transport: Literal["streamable_http", "sse"] = "streamable_http"  # for url only
+    category: Literal["read", "write", "admin"] = "write"
+    tools: dict[str, McpToolConfig] = Field(default_factory=dict)
+    enabled_tools: list[str] | None = None
+    disabled_tools: list[str] = Field(default_factory=list)
+    enabled: bool = True
+    timeout_s: float = Field(60, gt=0)
+    startup_timeout_s: float = Field(30, gt=0)
+    network: bool = True  # stdio: the server may reach the network from inside the tool sandbox
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("set exactly one of command (stdio) or url (HTTP)")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError("url must start with http:// or https://")
+        return self
+
+
+class McpConfig(_Section):
+    servers: dict[str, McpServerConfig] = Field(default_factory=dict)
+
+    @field_validator("servers")
+    @classmethod
+    def _names(cls, value: dict[str, McpServerConfig]) -> dict[str, McpServerConfig]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*", name) or len(name) > 32:
+                raise ValueError(
+                    f"server name {name!r}: use letters, digits, '-' and single '_' (at most 32 characters)"
+                )
+        return value
 
 
 class TargetConfig(_Section):
@@ -244,8 +317,11 @@ class BotdConfig(BaseSettings):
     security: SecurityConfig = Field(default_factory=SecurityConfig)
     heartbeat: HeartbeatConfig = Field(default_factory=HeartbeatConfig)
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    mcp: McpConfig = Field(default_factory=McpConfig)
     log: LogConfig = Field(default_factory=LogConfig)
     attachments: AttachmentsConfig = Field(default_factory=AttachmentsConfig)
+    # The file this config was read from (None: defaults and environment only).
+    _source: Path | None = PrivateAttr(default=None)
 
     @classmethod
     def settings_customise_sources(
@@ -260,6 +336,14 @@ class BotdConfig(BaseSettings):
         return (env_settings, init_settings)
 
     @property
+    def source(self) -> Path | None:
+        return self._source
+
+    @source.setter
+    def source(self, path: Path | None) -> None:
+        self._source = path
+
+    @property
     def workspace(self) -> Path:
         return self.agent.workspace.expanduser().resolve()
 
@@ -267,6 +351,10 @@ class BotdConfig(BaseSettings):
         if self.security.allowed_paths is None:
             return [self.workspace, Path("/tmp/botd")]
         return [p.expanduser() for p in self.security.allowed_paths]
+
+    def cli_tools_path(self) -> Path | None:
+        path = self.security.cli_tools_file
+        return path.expanduser() if path is not None else None
 
 
 def _string_list(value: Any) -> Any:
@@ -277,15 +365,28 @@ def _string_list(value: Any) -> Any:
     return value
 
 
+HOME_DIR = Path("~/.botd")  # botd's own directory: the config `botd init` writes, the workspace
+
+
+def home_config() -> Path:
+    return (HOME_DIR / "botd.yaml").expanduser()
+
+
 def config_path(explicit: str | os.PathLike[str] | None = None) -> Path | None:
-    """``--config``, else ``$BOTD_CONFIG``, else ``./botd.yaml`` when present."""
+    """``--config``, else ``$BOTD_CONFIG``, else ``./botd.yaml``, else ``~/.botd/botd.yaml`` when present.
+
+    The home file comes last so a project directory can carry its own config, and every
+    command run anywhere else finds the same one (and so the same store).
+    """
     if explicit:
-        return Path(explicit)
+        return Path(explicit).expanduser()
     env = os.environ.get("BOTD_CONFIG")
     if env:
-        return Path(env)
-    default = Path("botd.yaml")
-    return default if default.is_file() else None
+        return Path(env).expanduser()
+    for candidate in (Path("botd.yaml"), home_config()):
+        if candidate.is_file():
+            return candidate.absolute()
+    return None
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
@@ -297,6 +398,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
             loaded = yaml.safe_load(resolved.read_text(encoding="utf-8"))
         except FileNotFoundError as exc:
             raise ConfigError(f"config file not found: {resolved}") from exc
+        except IsADirectoryError as exc:
+            raise ConfigError(f"config file {resolved} is a directory") from exc
+        except PermissionError as exc:
+            raise ConfigError(f"config file {resolved} is not readable by this user") from exc
         except yaml.YAMLError as exc:
             raise ConfigError(f"config file {resolved} is not valid YAML: {exc}") from exc
         if loaded is None:
@@ -304,6 +409,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
         if not isinstance(loaded, dict):
             raise ConfigError(f"config file {resolved} must be a mapping of sections")
         data = loaded
+        _anchor_relative_paths(data, resolved.absolute().parent)
     for env_name, (section, key) in PLAIN_ENV.items():
         value = os.environ.get(env_name)
         if value:
@@ -312,9 +418,25 @@ def load_config(path: str | os.PathLike[str] | None = None) -> BotdConfig:
                 raise ConfigError(f"{section}: must be a mapping")
             sect[key] = value
     try:
-        return BotdConfig(**data)
+        cfg = BotdConfig(**data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc)) from None
+    cfg.source = resolved.absolute() if resolved is not None else None
+    return cfg
+
+
+# Paths in a config file are relative to the file, not to wherever a command happens to run.
+_FILE_RELATIVE_PATHS = (("agent", "workspace"), ("security", "cli_tools_file"))
+
+
+def _anchor_relative_paths(data: dict[str, Any], base: Path) -> None:
+    for section, key in _FILE_RELATIVE_PATHS:
+        sect = data.get(section)
+        if not isinstance(sect, dict):
+            continue
+        value = sect.get(key)
+        if isinstance(value, str) and value and not value.startswith("~") and not Path(value).is_absolute():
+            sect[key] = str(base / value)
 
 
 def format_validation_error(exc: ValidationError) -> str:

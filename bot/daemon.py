@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import socket
 
 import structlog
 
 from agent.llm_types import ChatModel
-from bot.app import App, build_channels, build_model
+from bot import __version__, metrics
+from bot.app import App, build_channels, build_model, check_config
 from bot.config import BotdConfig
 from bot.http_server import HttpServer
 from bot.loop_lag import LoopLagMonitor
+from bot.replicas import ReplicaBeacon
 from bot.store.connection import RedisHandle, open_redis
 from channels.base import ChannelAdapter
 
@@ -42,6 +46,7 @@ class Daemon:
         self._lag = LoopLagMonitor()
         self._stop = asyncio.Event()
         self._started_channels: list[ChannelAdapter] = []
+        self._beacon: ReplicaBeacon | None = None
 
     async def start(self) -> None:
         """Start every part in order; if one fails, stop what already started and re-raise."""
@@ -54,29 +59,51 @@ class Daemon:
 
     async def _start(self) -> None:
         cfg = self.cfg
+        # The same checks as `botd doctor`, before anything starts.
+        check_config(cfg, model=self._model_override is None, channels=self._channels_override is None)
         cfg.workspace.mkdir(parents=True, exist_ok=True)
         self.store = await open_redis(cfg.redis, cfg.workspace)
         channels = self._channels_override if self._channels_override is not None else build_channels(cfg)
         model = self._model_override or build_model(cfg)
         self.app = app = App(cfg, self.store, model, channels)
-        self.http = HttpServer(cfg.http.host, cfg.http.port, cfg.http.max_body_bytes, self.readiness)
+        self.http = HttpServer(
+            cfg.http.host, cfg.http.port, cfg.http.max_body_bytes, self.readiness,
+            details=lambda: {"sandbox": app.sandbox.describe()},
+        )
         await app.broadcast.start()
         await app.gateway.start()
+        await app.mcp.start()  # returns at once: servers connect in the background
         for name, channel in channels.items():
             await channel.start(app.channel_context(name, self.http.add_route))
             self._started_channels.append(channel)
         if self._with_http:
             await self.http.start()
+        app.redelivery.start()
         if self._with_scheduler:
             await app.scheduler.start()
         self._lag.start()
+        self._beacon = ReplicaBeacon(self.store.client, self.store.keys, app.replica, self._identity(), self._state,
+                                     on_beat=lambda ok: metrics.REDIS_UP.set(1 if ok else 0))
+        await self._beacon.start()
         log.info("botd.started", replica=app.replica, channels=sorted(channels), redis=self.store.url)
 
     async def readiness(self) -> dict[str, bool]:
         checks = {"redis": bool(self.store and await self.store.ping())}
+        metrics.REDIS_UP.set(1 if checks["redis"] else 0)
         for channel in self._started_channels:
             checks[f"channel:{channel.name}"] = channel.is_ready()
         return checks
+
+    def _identity(self) -> dict[str, object]:
+        port = self.http.port if self.http is not None and self._with_http else None
+        return {"host": socket.gethostname(), "pid": os.getpid(), "version": __version__, "http_port": port,
+                "mode": "run" if self._with_http else "chat"}
+
+    async def _state(self) -> dict[str, object]:
+        """What this replica reports with each beat (bot.replicas)."""
+        channels = {channel.name: channel.is_ready() for channel in self._started_channels}
+        active = metrics.REGISTRY.get_sample_value("botd_active_runs") or 0
+        return {"channels": channels, "active_runs": int(active)}
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -84,9 +111,12 @@ class Daemon:
     async def wait(self) -> None:
         await self._stop.wait()
 
-    async def stop(self) -> None:
-        """Stop intake, let runs finish for ``shutdown_grace_s``, cancel the rest, close."""
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Stop intake, let runs finish for ``grace_s`` (default ``shutdown_grace_s``), cancel the rest, close."""
         log.info("botd.stopping")
+        if self._beacon is not None:
+            with contextlib.suppress(Exception):
+                await self._beacon.stop()
         for channel in reversed(self._started_channels):
             with contextlib.suppress(Exception):
                 await channel.stop()
@@ -95,7 +125,9 @@ class Daemon:
             if self._with_scheduler:
                 with contextlib.suppress(Exception):
                     await app.scheduler.stop(grace_s=1.0)
-            await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s)
+            await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s if grace_s is None else grace_s)
+            await app.redelivery.stop()
+            await app.mcp.stop()
         # Intake stopped first; replies of finishing runs needed the clients until now.
         for channel in self._started_channels:
             with contextlib.suppress(Exception):

@@ -16,8 +16,16 @@ log = structlog.get_logger(__name__)
 ReadinessFn = Callable[[], Awaitable[dict[str, bool]]]
 
 
+class ListenError(Exception):
+    """The HTTP port cannot be bound (already in use, not permitted); phrased for the operator."""
+
+
 class HttpServer:
-    def __init__(self, host: str, port: int, max_body_bytes: int, readiness: ReadinessFn) -> None:
+    def __init__(
+        self, host: str, port: int, max_body_bytes: int, readiness: ReadinessFn,
+        details: Callable[[], dict[str, str]] = dict,
+    ) -> None:
+        self._details = details  # informational lines in /readyz (never make it fail)
         self._host = host
         self._port = port
         self._readiness = readiness
@@ -35,7 +43,15 @@ class HttpServer:
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._host, self._port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await self.stop()
+            reason = exc.strerror or str(exc)
+            raise ListenError(
+                f"cannot listen on {self._host}:{self._port}: {reason} "
+                "(is another botd running? set http.port to a free port)"
+            ) from None
         server = site._server
         sockets = getattr(server, "sockets", None) or []
         self.port = sockets[0].getsockname()[1] if sockets else self._port
@@ -55,7 +71,7 @@ class HttpServer:
         except Exception as exc:
             return web.json_response({"status": "down", "error": str(exc)}, status=503)
         down = sorted(name for name, ok in parts.items() if not ok)
-        body = {"status": "ready" if not down else "down", "down": down, "checks": parts}
+        body = {"status": "ready" if not down else "down", "down": down, "checks": parts, **self._details()}
         return web.json_response(body, status=200 if not down else 503)
 
     async def _metrics(self, _: web.Request) -> web.Response:

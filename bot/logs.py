@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 import sys
 from collections.abc import MutableMapping
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 import structlog
 
@@ -52,8 +54,16 @@ def redact_processor(_: Any, __: str, event_dict: MutableMapping[str, Any]) -> M
     return event_dict
 
 
-def configure_logging(level: str = "info", fmt: str = "json") -> None:
-    """Route structlog and stdlib logging to stderr as one JSON object per line."""
+def open_log_file(path: Path) -> TextIO:
+    """Append to ``path`` (private to the user), for commands whose terminal is a conversation."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    return os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+
+
+def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
+    """Route structlog and stdlib logging to ``stream`` (default stderr), one JSON object per line."""
+    out = stream or sys.stderr
     lvl = getattr(logging, level.upper(), logging.INFO)
     renderer: Any = structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer()
     shared: list[Any] = [
@@ -64,10 +74,10 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, redact_processor, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(file=out),
         cache_logger_on_first_use=False,
     )
-    handler = logging.StreamHandler(sys.stderr)
+    handler = logging.StreamHandler(out)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
             processor=renderer,
@@ -77,5 +87,5 @@ def configure_logging(level: str = "info", fmt: str = "json") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(lvl)
-    for noisy in ("httpx", "httpcore", "apscheduler", "telegram.ext", "slack_bolt", "slack_sdk", "openai"):
+    for noisy in ("httpx", "httpcore", "httpx2", "httpcore2", "apscheduler", "telegram.ext", "slack_bolt", "slack_sdk", "openai"):
         logging.getLogger(noisy).setLevel(max(lvl, logging.WARNING))

@@ -32,6 +32,7 @@ GUARD_DETECTIONS = Counter(
 INBOX_DROPS = Counter("botd_inbox_dropped_total", "Messages dropped because an inbox was full.", registry=REGISTRY)
 COMMANDS = Counter("botd_commands_total", "Control commands handled.", ["command"], registry=REGISTRY)
 LOOP_LAG = Gauge("botd_event_loop_lag_seconds", "Latest measured event-loop lag.", registry=REGISTRY)
+SANDBOX_ACTIVE = Gauge("botd_tool_sandbox_active", "1 when tool processes run under bubblewrap.", registry=REGISTRY)
 REDIS_UP = Gauge("botd_redis_up", "1 when Redis answered the last readiness check.", registry=REGISTRY)
 
 

@@ -74,6 +74,14 @@ class KeyValue(Protocol):
 RouteHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class PairingGate(Protocol):
+    """``dm_policy: pairing`` for one channel: users approved by their code count as allowed;
+    a stranger's DM is answered with a code (best effort, never raises, no LLM call)."""
+
+    async def is_approved(self, user_id: str) -> bool: ...
+    async def challenge(self, user_id: str, user_name: str, chat_id: str) -> None: ...
+
+
 @dataclass
 class ChannelContext:
     """Everything an adapter gets from the daemon when it starts."""
@@ -84,6 +92,7 @@ class ChannelContext:
     add_route: Callable[[str, str, RouteHandler], None]
     replica_id: str
     commands: tuple[tuple[str, str], ...] = ()
+    pairing: PairingGate | None = None  # set when the channel's dm_policy is pairing
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -108,8 +117,22 @@ class ChannelStartError(RuntimeError):
     """A channel cannot start: the platform rejected a token, or it cannot be reached.
 
     The message names the config key to check and is safe to show (no secrets); the CLI
-    prints it as one line and exits with code 2.
+    prints it as one line and exits with ``exit_code``: 2 when the configuration is wrong
+    (a token the platform refuses), 1 when the environment is (unreachable, unreadable).
     """
+
+    def __init__(self, message: str, *, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@runtime_checkable
+class ToolActivity(Protocol):
+    """A reply stream that also shows when a tool starts and ends (the console does;
+    chat platforms keep their typing indicator instead)."""
+
+    async def tool_started(self, name: str) -> None: ...
+    async def tool_finished(self, name: str, ok: bool, ms: float) -> None: ...
 
 
 @runtime_checkable

@@ -1,4 +1,4 @@
-"""What ``botd cron add|list|rm|run-now`` do, minus the argument parsing and printing.
+"""What ``botd cron add|list|rm|run-now|next`` do, minus the argument parsing and printing.
 
 The daemon's CLI parses options, builds a :class:`~scheduler.store.JobStore` on
 the configured Redis and calls these; every failure is a
@@ -6,6 +6,7 @@ the configured Redis and calls these; every failure is a
 reach running daemons through the store's change channel; ``run-now`` goes
 through the run-now queue (see :mod:`scheduler.store`) and
 :func:`wait_for_run` lets the CLI wait for the ledger entry it produces.
+``next`` lists fires with the very triggers the scheduler runs on.
 """
 
 from __future__ import annotations
@@ -14,12 +15,37 @@ import asyncio
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
+from zoneinfo import ZoneInfo
 
-from scheduler.jobs import HEARTBEAT_JOB_ID, CronJob, JobNotFoundError, RunRecord, build_job, make_target
-from scheduler.schedules import Clock, iso_utc, utc_now
+from apscheduler.triggers.base import BaseTrigger
+
+from scheduler.crontab import wall_time
+from scheduler.jobs import (
+    HEARTBEAT_JOB_ID,
+    CronJob,
+    JobNotFoundError,
+    RunRecord,
+    SchedulerNotRunningError,
+    build_job,
+    make_target,
+)
+from scheduler.schedules import (
+    Clock,
+    EverySchedule,
+    Schedule,
+    ScheduleError,
+    build_schedule,
+    iso_utc,
+    next_fire,
+    parse_at,
+    timezone_option,
+    utc_now,
+)
 from scheduler.store import JobStore
+
+MAX_NEXT_COUNT = 1000
 
 
 @dataclass(frozen=True)
@@ -136,6 +162,11 @@ async def cron_run_now(store: JobStore, job_id: str, *, clock: Clock = utc_now) 
     """Ask a running daemon to run ``job_id`` (or ``heartbeat``) now; returns the request id."""
     if job_id != HEARTBEAT_JOB_ID and await store.get(job_id) is None:
         raise JobNotFoundError(job_id)
+    if not await store.schedulers_listening():
+        # Queued, it would run whenever a daemon next starts (or expire): refuse instead.
+        raise SchedulerNotRunningError(
+            "no running daemon is listening on this store (start `botd run`); nothing was requested"
+        )
     request = await store.request_run_now(job_id, clock())
     return request.request_id
 
@@ -153,3 +184,118 @@ async def wait_for_run(
         if loop.time() >= deadline:
             return None
         await asyncio.sleep(poll_s)
+
+
+def run_verdict(record: RunRecord) -> str | None:
+    """Why a finished run-now counts as a failure (for a non-zero exit), or None when it did not fail.
+
+    A skipped run (nothing to do, or one already in progress) decided not to run: not a failure.
+    """
+    if record.failed:
+        return f"run {record.run_status}: {record.error or 'no reason given'}"
+    if record.delivery_status == "failed":
+        return f"run ok but its delivery failed: {record.error or 'no reason given'}"
+    return None
+
+
+@dataclass(frozen=True)
+class NextQuery:
+    """``botd cron next`` options: a stored job id or exactly one inline schedule."""
+
+    job_id: str | None = None
+    cron: str | None = None
+    every: str | None = None
+    at: str | None = None
+    tz: str | None = None
+    after: str | None = None
+    count: int = 5
+
+
+@dataclass(frozen=True)
+class UpcomingFires:
+    """Fire instants and the zone to show them in."""
+
+    fires: tuple[datetime, ...]
+    zone: ZoneInfo
+
+    def render(self, as_json: bool = False) -> str:
+        """One ISO 8601 instant a line (nothing when there are none), or a JSON list; newline-ended."""
+        shown = [fire.astimezone(self.zone).isoformat() for fire in self.fires]
+        return json.dumps(shown) + "\n" if as_json else "".join(f"{line}\n" for line in shown)
+
+
+def upcoming_fires(trigger: BaseTrigger, after: datetime, count: int) -> tuple[datetime, ...]:
+    """The first ``count`` fires at or after ``after``, chained exactly as APScheduler chains them."""
+    fires: list[datetime] = []
+    try:
+        fire = next_fire(trigger, after)
+        while fire is not None and len(fires) < count:
+            fires.append(fire)
+            following: datetime | None = trigger.get_next_fire_time(fire, fire)
+            if following is None or following <= fire:
+                break
+            fire = following
+    except (OverflowError, ValueError):
+        pass  # the next fire would lie beyond year 9999: there is none
+    return tuple(fires)
+
+
+def inline_next(query: NextQuery, *, default_timezone: str = "UTC", clock: Clock = utc_now) -> UpcomingFires:
+    """Fires of a schedule given on the command line (no store needed)."""
+    given = [name for name, value in (("cron", query.cron), ("every", query.every), ("at", query.at)) if value]
+    if query.job_id is not None or len(given) != 1:
+        raise ScheduleError("give exactly one of: a job id, --cron, --every or --at")
+    zone_name = timezone_option(query.tz, default_timezone)
+    after = _after(query.after, zone_name, clock)
+    schedule: Schedule
+    if query.at:
+        # Any time is a valid question here; one in the past just has no fires after --after.
+        schedule = parse_at(query.at, tz=zone_name, now=datetime.min.replace(tzinfo=UTC))
+    else:
+        # An interval is anchored where a job made at --after would be.
+        schedule = build_schedule(
+            cron=query.cron, every=query.every, tz=query.tz, default_tz=default_timezone, now=after
+        )
+    return UpcomingFires(upcoming_fires(schedule.trigger(), after, _count(query)), _zone_of(schedule))
+
+
+async def job_next(
+    store: JobStore, query: NextQuery, *, default_timezone: str = "UTC", clock: Clock = utc_now
+) -> UpcomingFires:
+    """Fires of a stored job as its scheduler sees them: back-off included, none when disabled."""
+    if query.job_id is None or query.cron or query.every or query.at:
+        raise ScheduleError("give exactly one of: a job id, --cron, --every or --at")
+    job = await store.get(query.job_id)
+    if job is None:
+        raise JobNotFoundError(query.job_id)
+    zone = _zone_of(job.schedule)
+    after = _after(query.after, timezone_option(query.tz, zone.key), clock)
+    fires = upcoming_fires(job.trigger(), after, _count(query)) if job.enabled else ()
+    return UpcomingFires(fires, zone)
+
+
+def _zone_of(schedule: Schedule) -> ZoneInfo:
+    return ZoneInfo("UTC" if isinstance(schedule, EverySchedule) else schedule.tz)
+
+
+def _count(query: NextQuery) -> int:
+    if not 1 <= query.count <= MAX_NEXT_COUNT:
+        raise ScheduleError(f"count: must be 1-{MAX_NEXT_COUNT}, got {query.count}")
+    return query.count
+
+
+def _after(text: str | None, zone_name: str, clock: Clock) -> datetime:
+    """--after as an instant: ISO 8601; without an offset it is read in ``zone_name``."""
+    if not text:
+        return clock()
+    try:
+        moment = datetime.fromisoformat(text.strip().replace("Z", "+00:00").replace("z", "+00:00"))
+    except ValueError:
+        raise ScheduleError(f"after: {text!r} is not an ISO-8601 time (e.g. 2027-03-28T09:00:00+02:00)") from None
+    try:
+        instant = moment.astimezone(UTC) if moment.tzinfo is not None else wall_time(moment, ZoneInfo(zone_name)).first
+    except OverflowError:
+        instant = datetime.min.replace(tzinfo=UTC)
+    if not 2 <= instant.year <= 9998:
+        raise ScheduleError(f"after: {text!r} is outside the years 2-9998")
+    return instant

@@ -1,17 +1,23 @@
-"""Standard 5-field cron expressions, translated faithfully to APScheduler triggers.
+"""Cron semantics: crontab(5) expressions and their fire instants in an IANA zone.
 
-``minute hour day-of-month month day-of-week`` with ``*``, lists, ranges and steps,
-month names (jan-dec), weekday names (sun-sat) and weekday numbers in the crontab
-sense: 0 and 7 are Sunday, 1 is Monday. APScheduler numbers weekdays from Monday
-(``CronTrigger.from_crontab`` and its ``day_of_week`` field use 0 = Monday), so
-every field is expanded here to explicit values and weekdays are handed over as
-names, never as numbers. Two more crontab rules are kept:
+``minute hour day-of-month month day-of-week`` with ``*``, lists, ranges, steps,
+month names (jan-dec) and weekday names (sun-sat), read as cronie reads them:
 
+* weekday numbers 0 and 7 are Sunday;
 * when both day-of-month and day-of-week are restricted (neither starts with
-  ``*``) the job runs when *either* matches (APScheduler alone would require both);
-* when clocks fall back, a time inside the repeated hour fires once, not twice,
-  for jobs with a fixed hour. In the spring-forward gap a job runs at the UTC
-  instant its wall time would have had (02:30 in a skipped hour runs at 03:30).
+  ``*``) a day matches if *either* matches; otherwise both must match;
+* a *fixed-time* job (neither the minute nor the hour field starts with ``*``)
+  whose wall time falls in a spring-forward gap runs once, at the jump; in a
+  fall-back hour it runs once, on the first pass;
+* a *wildcard* job (minute or hour field starts with ``*``) runs at every
+  wall-clock time that exists: not in a gap, on both passes of a repeated hour;
+* an offset change never skips a day or a month: days are local calendar days.
+
+Fire instants are computed here, day by day in the job's zone, never by
+APScheduler's CronTrigger (which skips days after offset changes);
+:class:`CrontabTrigger` hands them to APScheduler. The forward chain
+(:meth:`Crontab.next_fire`) and the backward search (:meth:`Crontab.previous_fire`)
+enumerate the same per-day sets, so catch-up always agrees with the fires.
 
 Also accepted: ``@yearly``/``@annually``, ``@monthly``, ``@weekly``, ``@daily``/
 ``@midnight``, ``@hourly``.
@@ -19,14 +25,15 @@ Also accepted: ``@yearly``/``@annually``, ``@monthly``, ``@weekly``, ``@daily``/
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+import calendar
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime, timedelta
+from functools import lru_cache
 from zoneinfo import ZoneInfo
 
 from apscheduler.triggers.base import BaseTrigger
-from apscheduler.triggers.combining import OrTrigger
-from apscheduler.triggers.cron import CronTrigger
 
 MACROS = {
     "@yearly": "0 0 1 1 *",
@@ -38,9 +45,13 @@ MACROS = {
     "@hourly": "0 * * * *",
 }
 MONTH_NAMES = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
-# Crontab weekday numbers: index 0 = Sunday; these names are also what APScheduler accepts.
-WEEKDAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+WEEKDAY_NAMES = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")  # crontab numbering: 0 = Sunday
 _MAX_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
+_DAY = timedelta(days=1)
+# Every valid expression fires within one 400-year Gregorian cycle.
+_HORIZON_MONTHS = 12 * 401
+# Days are searched in these years only, so no date or instant arithmetic can overflow.
+_FIRST_YEAR, _LAST_YEAR = 2, 9998
 
 
 @dataclass(frozen=True)
@@ -61,6 +72,44 @@ _FIELDS = (
 
 
 @dataclass(frozen=True)
+class WallTime:
+    """Where a local wall time lands: ``first`` instant, ``second`` on a repeated hour.
+
+    ``skipped`` wall times (in a spring-forward gap) land on the jump: ``first`` is
+    the instant the clocks changed.
+    """
+
+    first: datetime
+    second: datetime | None = None
+    skipped: bool = False
+
+
+def wall_time(local: datetime, zone: ZoneInfo) -> WallTime:
+    """Resolve a naive wall-clock time in ``zone`` to UTC instants."""
+    naive = local.replace(tzinfo=None, fold=0)
+    early = naive.replace(tzinfo=zone).astimezone(UTC)
+    late = naive.replace(tzinfo=zone, fold=1).astimezone(UTC)
+    if early == late:
+        return WallTime(early)
+    if early < late:
+        return WallTime(early, late)
+    return WallTime(_transition(late, early, zone), skipped=True)
+
+
+def _transition(before: datetime, after: datetime, zone: ZoneInfo) -> datetime:
+    """The first instant in ``(before, after]`` that has ``after``'s offset (binary search)."""
+    target = after.astimezone(zone).utcoffset()
+    low, high = int(before.timestamp()), int(after.timestamp())
+    while high - low > 1:
+        middle = (low + high) // 2
+        if datetime.fromtimestamp(middle, zone).utcoffset() == target:
+            high = middle
+        else:
+            low = middle
+    return datetime.fromtimestamp(high, UTC)
+
+
+@dataclass(frozen=True)
 class Crontab:
     """A parsed expression: the explicit values of each field (weekdays 0 = Sunday)."""
 
@@ -72,55 +121,172 @@ class Crontab:
     weekdays: tuple[int, ...]
     days_restricted: bool
     weekdays_restricted: bool
-    hours_restricted: bool
+    wildcard_time: bool
+    _times: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
-    def trigger(self, timezone: ZoneInfo) -> BaseTrigger:
-        """The APScheduler trigger firing exactly when this expression matches in ``timezone``."""
-        common: dict[str, Any] = {
-            "minute": _join(self.minutes, 0, 59),
-            "hour": _join(self.hours, 0, 23),
-            "month": _join(self.months, 1, 12),
-            "timezone": timezone,
-        }
-        day = _join(self.days, 1, 31)
-        weekday = "*" if len(self.weekdays) == 7 else ",".join(WEEKDAY_NAMES[d] for d in self.weekdays)
-        common["once_in_repeated_hour"] = self.hours_restricted
+    def __post_init__(self) -> None:
+        # Minutes of the day this expression fires at, sorted: the fast path bisects them.
+        object.__setattr__(self, "_times", tuple(h * 60 + m for h in self.hours for m in self.minutes))
+
+    def trigger(self, timezone: ZoneInfo) -> CrontabTrigger:
+        """The APScheduler trigger firing at this expression's instants in ``timezone``."""
+        return CrontabTrigger(self, timezone)
+
+    def day_in_month(self, day: int, weekday: int) -> bool:
+        """Whether day ``day`` of a month, a ``weekday`` (0 = Sunday), matches the day fields."""
+        in_days, in_weekdays = day in self.days, weekday in self.weekdays
         if self.days_restricted and self.weekdays_restricted:
-            return OrTrigger(
-                [
-                    WallClockCronTrigger(day=day, day_of_week="*", **common),
-                    WallClockCronTrigger(day="*", day_of_week=weekday, **common),
-                ]
-            )
-        return WallClockCronTrigger(day=day, day_of_week=weekday, **common)
+            return in_days or in_weekdays
+        return in_days and in_weekdays
+
+    def next_fire(self, moment: datetime, zone: ZoneInfo, *, inclusive: bool = False) -> datetime | None:
+        """The first fire after ``moment`` (or at it, with ``inclusive``); None past the horizon."""
+        found: datetime | None = None
+        found_day = date.min
+        for day in self._days(_local_date(moment, zone, -1), forward=True):
+            if found is not None and day > found_day + _DAY:
+                break  # only neighbouring days can interleave (a change around midnight)
+            fire = self._first_on(day, zone, moment, inclusive)
+            if fire is not None and (found is None or fire < found):
+                found, found_day = fire, day
+        return found
+
+    def previous_fire(self, moment: datetime, zone: ZoneInfo) -> datetime | None:
+        """The last fire strictly before ``moment``; None past the horizon."""
+        found: datetime | None = None
+        found_day = date.max
+        for day in self._days(_local_date(moment, zone, 1), forward=False):
+            if found is not None and day < found_day - _DAY:
+                break
+            fire = self._last_on(day, zone, moment)
+            if fire is not None and (found is None or fire > found):
+                found, found_day = fire, day
+        return found
+
+    def _first_on(self, day: date, zone: ZoneInfo, moment: datetime, inclusive: bool) -> datetime | None:
+        offset = _steady_offset(day, zone)
+        if offset is None:
+            return next((f for f in self.fires_on(day, zone) if f > moment or (inclusive and f == moment)), None)
+        minute, rest = _wall_minute(day, offset, moment)
+        index = bisect_left(self._times, minute) if inclusive and not rest else bisect_right(self._times, minute)
+        return self._instant(day, offset, index)
+
+    def _last_on(self, day: date, zone: ZoneInfo, moment: datetime) -> datetime | None:
+        offset = _steady_offset(day, zone)
+        if offset is None:
+            return next((f for f in reversed(self.fires_on(day, zone)) if f < moment), None)
+        minute, rest = _wall_minute(day, offset, moment)
+        index = (bisect_right(self._times, minute) if rest else bisect_left(self._times, minute)) - 1
+        return self._instant(day, offset, index)
+
+    def _instant(self, day: date, offset: timedelta, index: int) -> datetime | None:
+        if not 0 <= index < len(self._times):
+            return None
+        start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+        return start + timedelta(minutes=self._times[index]) - offset
+
+    def fires_on(self, day: date, zone: ZoneInfo) -> tuple[datetime, ...]:
+        """The UTC instants of the fires that belong to local calendar day ``day``, sorted."""
+        offset = _steady_offset(day, zone)
+        if offset is not None:
+            return tuple(f for i in range(len(self._times)) if (f := self._instant(day, offset, i)) is not None)
+        return _changing_day_fires(self, day, zone)
+
+    def _days(self, start: date, *, forward: bool) -> Iterator[date]:
+        """Matching local days from ``start`` (inclusive), in order, up to the horizon."""
+        year, month = start.year, start.month
+        for _ in range(_HORIZON_MONTHS):
+            if not _FIRST_YEAR <= year <= _LAST_YEAR:
+                return  # keeps every date and instant computed here inside datetime's range
+            if month in self.months:
+                days = _matching_days(self, year, month)
+                for d in days if forward else reversed(days):
+                    candidate = date(year, month, d)
+                    if candidate >= start if forward else candidate <= start:
+                        yield candidate
+            month += 1 if forward else -1
+            if month > 12:
+                year, month = year + 1, 1
+            elif month < 1:
+                year, month = year - 1, 12
 
 
-class WallClockCronTrigger(CronTrigger):
-    """A CronTrigger with crontab's DST manners.
+@lru_cache(maxsize=1024)
+def _matching_days(crontab: Crontab, year: int, month: int) -> tuple[int, ...]:
+    """Days of the month that match the day-of-month / day-of-week fields (cached per month)."""
+    first_weekday = date(year, month, 1).isoweekday() % 7
+    length = calendar.monthrange(year, month)[1]
+    return tuple(d for d in range(1, length + 1) if crontab.day_in_month(d, (first_weekday + d - 1) % 7))
 
-    Fire times come back normalized (a wall time inside a spring-forward gap is
-    shown as the real instant), and with ``once_in_repeated_hour`` a wall time
-    that occurs twice when clocks fall back fires only the first time.
-    """
 
-    def __init__(self, *, once_in_repeated_hour: bool = False, **fields: Any) -> None:
-        super().__init__(**fields)
-        self.once_in_repeated_hour = once_in_repeated_hour
+@lru_cache(maxsize=512)
+def _changing_day_fires(crontab: Crontab, day: date, zone: ZoneInfo) -> tuple[datetime, ...]:
+    """Fires on a day whose offset changes: each wall time resolved on its own (cached: rare, slow)."""
+    start = datetime(day.year, day.month, day.day)
+    fires: set[datetime] = set()
+    for hour in crontab.hours:
+        for minute in crontab.minutes:
+            resolved = wall_time(start.replace(hour=hour, minute=minute), zone)
+            if resolved.skipped:
+                if not crontab.wildcard_time:
+                    fires.add(resolved.first)
+                continue
+            fires.add(resolved.first)
+            if resolved.second is not None and crontab.wildcard_time:
+                fires.add(resolved.second)
+    return tuple(sorted(fires))
+
+
+def _local_date(moment: datetime, zone: ZoneInfo, shift_days: int) -> date:
+    """The local date of ``moment`` shifted by some days, clamped to the searchable years."""
+    local = moment.astimezone(UTC).replace(tzinfo=None)  # never overflows: moment is in range
+    year = min(max(local.year, _FIRST_YEAR), _LAST_YEAR)
+    if year != local.year:
+        return date(year, 1, 1) if year == _FIRST_YEAR else date(year, 12, 31)
+    return moment.astimezone(zone).date() + timedelta(days=shift_days)
+
+
+def _steady_offset(day: date, zone: ZoneInfo) -> timedelta | None:
+    """The UTC offset of local day ``day`` when it does not change during the day, else None."""
+    start = datetime(day.year, day.month, day.day)
+    offset = start.replace(tzinfo=zone).utcoffset()
+    if offset is None or offset != (start + _DAY).replace(tzinfo=zone).utcoffset():
+        return None
+    return offset
+
+
+def _wall_minute(day: date, offset: timedelta, moment: datetime) -> tuple[int, int]:
+    """``moment`` as (whole minutes, remaining microseconds) since local midnight of ``day``."""
+    start = datetime(day.year, day.month, day.day, tzinfo=UTC)
+    elapsed = (moment.astimezone(UTC) - start) + offset  # timedeltas: no overflow near datetime.min
+    return divmod(elapsed // timedelta(microseconds=1), 60_000_000)
+
+
+class CrontabTrigger(BaseTrigger):
+    """APScheduler trigger over :class:`Crontab` instants (the scheduler's only cron clock)."""
+
+    __slots__ = ("crontab", "timezone")
+
+    def __init__(self, crontab: Crontab, timezone: ZoneInfo) -> None:
+        self.crontab = crontab
+        self.timezone = timezone
 
     def get_next_fire_time(self, previous_fire_time: datetime | None, now: datetime) -> datetime | None:
-        fire: datetime | None = super().get_next_fire_time(previous_fire_time, now)
-        for _ in range(8):
-            if fire is None:
-                return None
-            fire = datetime.fromtimestamp(fire.timestamp(), fire.tzinfo)
-            if not (self.once_in_repeated_hour and _second_occurrence(fire)):
-                break
-            fire = super().get_next_fire_time(fire, fire)
-        return fire
+        # Same contract as CronTrigger: after the previous fire, else at or after now.
+        if previous_fire_time is not None:
+            return self.crontab.next_fire(previous_fire_time, self.timezone)
+        return self.crontab.next_fire(now, self.timezone, inclusive=True)
 
+    def latest_fire_between(self, after: datetime, before: datetime) -> datetime | None:
+        """The latest fire ``t`` with ``after < t < before`` (catch-up after downtime)."""
+        fire = self.crontab.previous_fire(before, self.timezone)
+        return fire if fire is not None and fire > after else None
 
-def _second_occurrence(local: datetime) -> bool:
-    return local.fold == 1 and local.replace(fold=0).utcoffset() != local.utcoffset()
+    def __str__(self) -> str:
+        return f"cron[{self.crontab.expression}] in {self.timezone.key}"
+
+    def __repr__(self) -> str:
+        return f"<CrontabTrigger {self.crontab.expression!r} {self.timezone.key}>"
 
 
 def parse_crontab(expression: str) -> Crontab:
@@ -141,7 +307,6 @@ def parse_crontab(expression: str) -> Crontab:
             f"cron: expected 5 fields (minute hour day-of-month month day-of-week), got {len(parts)} in {text!r}"
         )
     values = [_parse_field(part, spec) for part, spec in zip(parts, _FIELDS, strict=True)]
-    weekdays = tuple(sorted({d % 7 for d in values[4]}))
     days_restricted = not parts[2].startswith("*")
     weekdays_restricted = not parts[4].startswith("*")
     if not (days_restricted and weekdays_restricted) and not any(
@@ -154,10 +319,10 @@ def parse_crontab(expression: str) -> Crontab:
         hours=values[1],
         days=values[2],
         months=values[3],
-        weekdays=weekdays,
+        weekdays=tuple(sorted({d % 7 for d in values[4]})),
         days_restricted=days_restricted,
         weekdays_restricted=weekdays_restricted,
-        hours_restricted=not parts[1].startswith("*"),
+        wildcard_time=parts[0].startswith("*") or parts[1].startswith("*"),
     )
 
 
@@ -171,10 +336,10 @@ def _parse_field(text: str, spec: _Field) -> tuple[int, ...]:
 
 
 def _parse_element(element: str, spec: _Field) -> range:
-    base, _, step_text = element.partition("/")
+    base, slash, step_text = element.partition("/")
     step = 1
-    if _:
-        if not step_text.isdigit() or int(step_text) == 0:
+    if slash:
+        if not _is_number(step_text) or int(step_text) == 0:
             raise ValueError(f"cron: {spec.label} step in {element!r} must be a positive number")
         step = int(step_text)
     if base == "*":
@@ -189,15 +354,20 @@ def _parse_element(element: str, spec: _Field) -> range:
     else:
         low = _value(base, spec, element)
         # "5/15" means from 5 to the end in steps of 15; a bare value is just itself.
-        high = spec.high if _ else low
+        high = spec.high if slash else low
     return range(low, high + 1, step)
+
+
+def _is_number(text: str) -> bool:
+    # ASCII only: str.isdigit() also accepts digits of other scripts and superscripts.
+    return text.isascii() and text.isdigit() and len(text) <= 4
 
 
 def _value(text: str, spec: _Field, element: str) -> int:
     lowered = text.lower()
     if lowered in spec.names:
         return spec.names[lowered]
-    if not text.isdigit():
+    if not _is_number(text):
         hint = f" (names: {', '.join(spec.names)})" if spec.names else ""
         raise ValueError(f"cron: {spec.label} value {text!r} in {element!r} is not a number{hint}")
     number = int(text)
@@ -206,7 +376,3 @@ def _value(text: str, spec: _Field, element: str) -> int:
             f"cron: {spec.label} value {number} in {element!r} is out of range {spec.low}-{spec.high}"
         )
     return number
-
-
-def _join(values: tuple[int, ...], low: int, high: int) -> str:
-    return "*" if len(values) == high - low + 1 else ",".join(str(v) for v in values)

@@ -12,7 +12,9 @@ active hours but not an empty file or a busy session.
 
 Active hours are a daily window, e.g. ``09:00-22:00`` in a given IANA timezone. The
 end is exclusive, ``24:00`` is allowed as an end, and a window whose end is before its
-start crosses midnight (``22:00-06:00`` is 22:00 until 06:00 next day).
+start crosses midnight (``22:00-06:00`` is 22:00 until 06:00 next day). Membership is
+read on the wall clock, like a cron job's ``*`` fields: both passes of a repeated hour
+count, a wall time skipped by a change never happens.
 
 HEARTBEAT.md is "empty" when it holds only structure (headings, HTML comments, blank
 lines, horizontal rules, list bullets or checkboxes with nothing after them): that

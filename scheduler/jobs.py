@@ -15,7 +15,9 @@ only the enabling->disabled transition reports ``disabled_now``). A failed one-s
 is retried at the back-off time until it succeeds or is disabled; a successful one-shot
 is removed; a one-shot whose only fire was skipped is kept, disabled, so it stays
 visible in the list. A manual run-now that succeeds re-enables a job that failures had
-disabled. Delivery problems never count: only ``run_status`` matters here.
+disabled; one that fails counts in the streak but sets no back-off floor, so it never
+moves the job's own next fire (a one-shot still runs at its time). Delivery problems
+never count: only ``run_status`` matters here.
 """
 
 from __future__ import annotations
@@ -60,6 +62,10 @@ class NotYourJobError(CronError):
 
 class InvalidJobError(CronError):
     """A job definition (id, prompt, target, allow) that cannot be stored."""
+
+
+class SchedulerNotRunningError(CronError):
+    """A request that only a running daemon can serve, made while none listens."""
 
 
 FireTrigger = Literal["schedule", "catch_up", "run_now"]
@@ -143,6 +149,7 @@ class CronJob(BaseModel):
     prompt: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     target: JobTarget
     allow: tuple[Grant, ...] = ()
+    grants_mac: str = ""  # set by JobStore: binds allow to the job (see scheduler.store)
     created_by: str = ""
     created_in: JobTarget | None = None
     created_at: datetime
@@ -215,10 +222,10 @@ def apply_run(job: CronJob, record: RunRecord) -> Transition:
     job = job.model_copy(update={"last_run": record})
     if record.failed:
         streak = job.failure_streak + 1
-        updates: dict[str, object] = {
-            "failure_streak": streak,
-            "not_before": record.finished_at + timedelta(seconds=backoff_s(streak)),
-        }
+        updates: dict[str, object] = {"failure_streak": streak}
+        if record.trigger != "run_now":
+            # A manual run never moves the schedule: back-off only delays scheduled fires.
+            updates["not_before"] = record.finished_at + timedelta(seconds=backoff_s(streak))
         disabled_now = streak >= MAX_CONSECUTIVE_FAILURES and job.enabled
         if disabled_now:
             updates["enabled"] = False
@@ -252,9 +259,14 @@ def disabled_notice(job: CronJob, record: RunRecord) -> str:
 def make_target(channel: str | None, chat_id: str | None, thread_id: str | None = None) -> JobTarget:
     """A delivery target; InvalidJobError names the bad part."""
     if not channel:
-        raise InvalidJobError("channel: required (telegram, slack or console)")
-    if channel not in ("telegram", "slack", "console"):
-        raise InvalidJobError(f"channel: {channel!r} is not a chat channel (use telegram, slack or console)")
+        raise InvalidJobError("channel: required (telegram or slack)")
+    if channel == "console":
+        # `botd chat` runs no scheduler and `botd run` has no console: nothing could ever deliver.
+        raise InvalidJobError(
+            "channel: console cannot receive scheduled runs (botd chat runs no scheduler); use telegram or slack"
+        )
+    if channel not in ("telegram", "slack"):
+        raise InvalidJobError(f"channel: {channel!r} is not a chat channel (use telegram or slack)")
     if chat_id is None or not str(chat_id).strip():
         raise InvalidJobError("chat-id: required")
     try:

@@ -118,3 +118,11 @@ class Subscriber(Protocol):
     def on_reconnect(self, handler: Callable[[], Awaitable[None]]) -> None:
         """Call ``handler`` after the listener subscribed again following a lost connection."""
         ...
+
+
+class GrantSeal(Protocol):
+    """MACs a cron job's grants with a key the store never holds (the daemon implements it)."""
+
+    def sign(self, *fields: str) -> str: ...
+
+    def verify(self, mac: object, *fields: str) -> bool: ...

@@ -35,7 +35,7 @@ from apscheduler.triggers.date import DateTrigger
 from apscheduler.triggers.interval import IntervalTrigger
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from scheduler.crontab import parse_crontab
+from scheduler.crontab import CrontabTrigger, parse_crontab, wall_time
 
 Clock = Callable[[], datetime]
 
@@ -223,8 +223,11 @@ def parse_at(text: str, *, tz: str, now: datetime) -> AtSchedule:
             f"at: {raw!r} is not an ISO-8601 time (e.g. 2027-03-28T09:00:00+02:00 or 2027-03-28 09:00)"
         ) from None
     if moment.tzinfo is None:
-        # fold=0 picks the first of a repeated wall time; a time in a DST gap maps forward.
-        moment = datetime.fromtimestamp(moment.replace(tzinfo=ZoneInfo(tz)).timestamp(), UTC)
+        # The job's zone, on cron's wall-clock rules: first pass of a repeated time, a skipped one at the jump.
+        try:
+            moment = wall_time(moment, ZoneInfo(tz)).first
+        except OverflowError:
+            raise ScheduleError(f"at: {raw!r} is out of range") from None
     if moment <= now:
         raise ScheduleError(f"at: {raw!r} is in the past (now is {now.astimezone(ZoneInfo(tz)).isoformat()})")
     return AtSchedule(at=moment.astimezone(UTC), tz=tz)
@@ -343,10 +346,15 @@ class NotBeforeTrigger(BaseTrigger):
 
 
 def effective_trigger(base: BaseTrigger, *, one_shot: bool, not_before: datetime | None) -> BaseTrigger:
-    """The trigger to schedule: a failed one-shot retries at ``not_before``; others skip until then."""
+    """The trigger to schedule: a failed one-shot retries at ``not_before``; others skip until then.
+
+    Back-off only ever delays: a one-shot never runs before its own time.
+    """
     if not_before is None:
         return base
     if one_shot:
+        if isinstance(base, DateTrigger):
+            not_before = max(not_before, base.run_date)
         return DateTrigger(run_date=not_before, timezone=not_before.tzinfo)
     return NotBeforeTrigger(base, not_before)
 
@@ -367,6 +375,8 @@ def latest_fire_between(trigger: BaseTrigger, after: datetime, before: datetime)
     """
     if before <= after:
         return None
+    if isinstance(trigger, CrontabTrigger):
+        return trigger.latest_fire_between(after, before)
     window = timedelta(minutes=1)
     while True:
         start = max(before - window, after + _TICK)

@@ -47,7 +47,7 @@ from scheduler.jobs import (
     JobNotFoundError,
     RunRecord,
 )
-from scheduler.ports import CronKeys, ScheduledRunner, Subscriber
+from scheduler.ports import CronKeys, GrantSeal, ScheduledRunner, Subscriber
 from scheduler.schedules import Clock, format_duration, iso_utc, latest_fire_between, next_fire, utc_now
 from scheduler.settings import HeartbeatSettings, SchedulerSettings
 from scheduler.store import FireClaims, JobStore, RunLedger
@@ -111,12 +111,13 @@ class SchedulerService:
         heartbeat_busy_keys: Sequence[str] = (),
         clock: Clock = utc_now,
         instance_id: str | None = None,
+        seal: GrantSeal | None = None,
     ) -> None:
         self._redis = redis
         self.settings = settings
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         self._clock = clock
-        self.store = JobStore(redis, keys)
+        self.store = JobStore(redis, keys, seal)
         self._claims = FireClaims(redis, keys, ttl_s=settings.fire_claim_ttl_s)
         self._cron = CronFires(
             self.store,

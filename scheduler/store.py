@@ -26,6 +26,10 @@ Keys (all under the configured prefix):
   CLI waits for the result. A request older than ``scheduler.run_now_max_age_s`` (10
   minutes) when taken is recorded as skipped instead of run, so a request made while
   no daemon was up does not fire hours later.
+
+A job's grants (``allow``) are a permission: with a ``GrantSeal`` every write
+stores a MAC over the id, grants and target, and a job read back whose MAC does
+not verify (changed behind botd's back) runs with no grants and is logged.
 """
 
 from __future__ import annotations
@@ -41,7 +45,7 @@ from pydantic import BaseModel, ValidationError
 from redis.exceptions import WatchError
 
 from scheduler.jobs import CorruptJobError, CronJob, DuplicateJobError, FireTrigger, RunRecord
-from scheduler.ports import CronKeys
+from scheduler.ports import CronKeys, GrantSeal
 from scheduler.schedules import iso_utc, parse_iso_utc
 
 log = structlog.get_logger(__name__)
@@ -221,7 +225,8 @@ _MAX_WATCH_RETRIES = 50
 class JobStore:
     """add / get / list / remove / update cron jobs; each change is announced."""
 
-    def __init__(self, redis: Any, keys: CronKeys) -> None:
+    def __init__(self, redis: Any, keys: CronKeys, seal: GrantSeal | None = None) -> None:
+        self._seal = seal  # None: grants are not verified (tests, tools that only read)
         self._redis = redis
         self._keys = keys
         self.ledger = RunLedger(redis, keys)
@@ -240,6 +245,7 @@ class JobStore:
 
     async def add(self, job: CronJob) -> CronJob:
         """Store a new job; DuplicateJobError when the id is taken."""
+        job = self._sealed(job)
         created = await self._redis.set(self.job_key(job.id), job.model_dump_json(), nx=True)
         if not created:
             raise DuplicateJobError(job.id)
@@ -250,7 +256,7 @@ class JobStore:
     async def get(self, job_id: str) -> CronJob | None:
         """The job, None when absent; CorruptJobError when it is stored but does not parse."""
         raw = await self._redis.get(self.job_key(job_id))
-        return None if raw is None else _parse(job_id, text(raw))
+        return None if raw is None else self._parse(job_id, text(raw))
 
     async def ids(self) -> list[str]:
         return sorted(text(m) for m in await self._redis.smembers(self.index_key))
@@ -268,7 +274,7 @@ class JobStore:
                 await self._redis.srem(self.index_key, job_id)
                 continue
             try:
-                jobs.append(_parse(job_id, text(raw)))
+                jobs.append(self._parse(job_id, text(raw)))
             except CorruptJobError as exc:
                 log.error("cron.job_unreadable", job_id=job_id, error=str(exc))
         jobs.sort(key=lambda j: (j.created_at, j.id))
@@ -301,7 +307,7 @@ class JobStore:
                     if raw is None:
                         await pipe.unwatch()
                         return None
-                    updated = change(_parse(job_id, text(raw)))
+                    updated = self._sealed(change(self._parse(job_id, text(raw))))
                     if updated.id != job_id:
                         raise ValueError("update must not change the job id")
                     pipe.multi()
@@ -319,11 +325,34 @@ class JobStore:
         await self.publish("run_now")
         return request
 
+    async def schedulers_listening(self) -> int:
+        """How many schedulers (daemon replicas) are subscribed to the change channel now."""
+        counts = await self._redis.pubsub_numsub(self.changes_channel)
+        return int(counts[0][1]) if counts else 0
+
     async def publish(self, op: str, job_id: str | None = None) -> None:
         message: dict[str, str] = {"op": op}
         if job_id is not None:
             message["id"] = job_id
         await self._redis.publish(self.changes_channel, json.dumps(message))
+
+
+    def _sealed(self, job: CronJob) -> CronJob:
+        if self._seal is None:
+            return job
+        return job.model_copy(update={"grants_mac": self._seal.sign(*_grant_fields(job))})
+
+    def _parse(self, job_id: str, raw: str) -> CronJob:
+        job = _parse(job_id, raw)
+        if self._seal is None or not job.allow or self._seal.verify(job.grants_mac, *_grant_fields(job)):
+            return job
+        log.warning("cron.grants_rejected", job_id=job_id, allow=list(job.allow),
+                    reason="the stored grants were changed outside botd; the job runs with none")
+        return job.model_copy(update={"allow": ()})
+
+
+def _grant_fields(job: CronJob) -> tuple[str, ...]:
+    return ("cron-grants", job.id, ",".join(job.allow), job.target.model_dump_json())
 
 
 def _parse(job_id: str, raw: str) -> CronJob:

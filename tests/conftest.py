@@ -11,6 +11,16 @@ import pytest
 import redis.asyncio as aioredis
 
 
+@pytest.fixture(autouse=True)
+def _temporary_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test, and every botd it starts, gets an empty HOME: ``~/.botd`` (the default
+    config and workspace) never reads or writes the real one."""
+    home = tmp_path_factory.mktemp("home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv("BOTD_CONFIG", raising=False)
+    return home
+
+
 @pytest.fixture(scope="session")
 def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Redis URL for the whole test session: $REDIS_URL, else a private Valkey server."""

@@ -2,10 +2,12 @@
 
 Before anything runs, the whole line goes through the blocklist
 (``command_guard``); a refused line runs nothing. The command then runs with
-``bash -c`` in its own process group, with only the allowlisted environment (no
-API keys or chat tokens), stdin closed, a timeout that kills the whole group, and
-an output cap. The blocklist is defence in depth, not a sandbox: the real limits
-are the account botd runs as and where it runs.
+``bash -c`` inside the tool sandbox (``agent.tools.sandbox``: bubblewrap, the
+workspace the only writable place, botd's files masked, per-call limits), with
+only the allowlisted environment (no API keys or chat tokens), stdin closed, a
+timeout that ends the whole sandbox, and an output cap. The blocklist is defence
+in depth; the sandbox is what holds. With the sandbox off, the command has the
+rights of botd's user.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from agent.tools.command_guard import check_command
 from agent.tools.environment import subprocess_env
-from agent.tools.process import run_process
+from agent.tools.process import run_sandboxed
 from agent.tools.registry import Tool, ToolContext, ToolError, ToolOutput, ToolSettings
 
 
@@ -56,13 +58,8 @@ class BashTool(Tool):
         if bash is None:
             raise ToolError("Error: bash is not installed on this machine.")
         try:
-            settings.workspace.mkdir(parents=True, exist_ok=True)
-            result = await run_process(
-                [bash, "--noprofile", "--norc", "-c", command],
-                cwd=settings.workspace,
-                env=env,
-                timeout_s=timeout,
-                max_output_bytes=settings.max_output_bytes,
+            result = await run_sandboxed(
+                [bash, "--noprofile", "--norc", "-c", command], settings=settings, env=env, timeout_s=timeout
             )
         except OSError as exc:
             raise ToolError(f"Error: could not start bash: {exc.strerror or exc}.") from None

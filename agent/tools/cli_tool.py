@@ -5,9 +5,10 @@ followed by the declared ``args``, where each ``{{var}}`` template is replaced b
 the argument's value *inside one argv element*. A value is never split and never
 interpreted, so ``; touch x`` stays the literal text of one argument. Values are
 validated against the generated JSON schema by the registry, and again here
-(type, enum, full-match pattern, length, NUL bytes) before anything runs. A string
-that fills a whole argv element and starts with ``-`` is refused unless the
-parameter declares an enum or pattern, so a value cannot turn into an option.
+(type, enum, full-match pattern, length, NUL bytes) before anything runs. A value
+that would make an argv element start with ``-`` is refused unless that template
+itself starts with ``-`` (``{{name}}.log`` fed ``--output=/x`` is refused;
+``--name={{name}}`` is fine), so a value can never turn into an option.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from agent.tools.environment import subprocess_env
-from agent.tools.process import run_process
+from agent.tools.process import run_sandboxed
 from agent.tools.registry import Tool, ToolContext, ToolError, ToolOutput
 from agent.types import Category
 
@@ -84,7 +85,8 @@ class CliTool(Tool):
             "additionalProperties": False,
         }
         templates = [*spec.args, *(t for group in spec.optional_args.values() for t in group)]
-        self._whole_element = {m.group(1) for t in templates if (m := TEMPLATE.fullmatch(t))}
+        # Variables that open an argv element: their values decide whether it reads as an option.
+        self._leading = {m.group(1) for t in templates if (m := TEMPLATE.match(t))}
 
     def argv(self, args: dict[str, Any]) -> list[str]:
         """The argv for validated ``args``; raises ``ToolError`` when a value is not acceptable."""
@@ -101,13 +103,11 @@ class CliTool(Tool):
         argv = self.argv(args)
         settings = ctx.settings
         try:
-            settings.workspace.mkdir(parents=True, exist_ok=True)
-            result = await run_process(
+            result = await run_sandboxed(
                 argv,
-                cwd=settings.workspace,
+                settings=settings,
                 env=subprocess_env(settings.env_allowlist, self.spec.env),
                 timeout_s=self.spec.timeout_s or settings.timeout_s,
-                max_output_bytes=settings.max_output_bytes,
             )
         except OSError as exc:
             raise ToolError(f"Error: could not start {self.spec.program}: {exc.strerror or exc}.") from None
@@ -139,13 +139,7 @@ class CliTool(Tool):
             raise ToolError(f"Error: {name!r} contains a NUL byte.")
         if len(text.encode("utf-8", errors="surrogatepass")) > MAX_ARGUMENT_BYTES:
             raise ToolError(f"Error: {name!r} is longer than {MAX_ARGUMENT_BYTES} bytes.")
-        if (
-            param.type == "string"
-            and text.startswith("-")
-            and name in self._whole_element
-            and param.enum is None
-            and param.pattern is None
-        ):
+        if text.startswith("-") and name in self._leading:
             raise ToolError(f"Error: {name!r} may not start with '-' (it would be read as an option).")
         return text
 

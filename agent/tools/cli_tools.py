@@ -42,10 +42,10 @@ from pydantic import (
 )
 
 from agent.tools.cli_tool import TEMPLATE, CliTool, CliToolSpec, Parameter, program_path
+from agent.tools.environment import expand_env_refs
 from agent.types import Category
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_ENV_REFERENCE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 _ENUM_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
@@ -245,16 +245,7 @@ def _program(cmd: str, environ: Mapping[str, str]) -> Path:
 def _env_value(key: str, value: str, environ: Mapping[str, str]) -> str:
     if not _IDENTIFIER.fullmatch(key):
         raise _Problem(f"env.{key}", "not a valid environment variable name")
-
-    def substitute(match: re.Match[str]) -> str:
-        name = match.group(1)
-        if name not in environ:
-            raise _Problem(f"env.{key}", f"environment variable {name} is not set")
-        return environ[name]
-
-    resolved = _ENV_REFERENCE.sub(substitute, value)
-    if "${" in _ENV_REFERENCE.sub("", value):
-        raise _Problem(f"env.{key}", "malformed ${VAR} reference")
-    if "\x00" in resolved:
-        raise _Problem(f"env.{key}", "the value contains a NUL byte")
-    return resolved
+    try:
+        return expand_env_refs(value, environ)
+    except ValueError as exc:
+        raise _Problem(f"env.{key}", str(exc)) from None

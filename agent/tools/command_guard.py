@@ -5,7 +5,7 @@ script file, an interpreter calling ``unlink``); the blocklist stops the common
 and the careless cases before anything runs. Every simple command of the line is
 checked: through pipes and lists, subshells and groups, ``$(…)``, backticks and
 process substitutions, ``bash -c``/``sh -c``/``eval``/``trap``/``watch`` strings,
-here-documents fed to a shell, and wrappers (``env``, ``nice``, ``timeout``,
+here-documents and process substitutions fed to a shell, and wrappers (``env``, ``nice``, ``timeout``,
 ``xargs``, ``find -exec`` …) whose every later word is treated as a possible
 command. Quoting tricks are undone by the lexer (``\\rm``, ``'rm'``, ``"r"m``,
 ``$'\\x72m'``) and paths are reduced to the program name (``/bin/rm``). A command
@@ -176,6 +176,9 @@ class _Checker:
         """A shell, interpreter, ``source`` or ``eval`` must not run downloaded or decoded content."""
         words = list(args) + [r.target for r in command.redirects if r.target is not None]
         for word in words:
+            if "<(" in word.raw and word.substitutions:
+                # `source <(…)`, `bash <(…)`, `sh < <(…)`: the program is the output of a command.
+                raise blocked(f"`{name}` would run the output of a process substitution, which cannot be checked")
             for body in word.substitutions:
                 if self.check(body, depth + 1) & OPAQUE_SOURCES:
                     raise blocked(f"`{name}` would run downloaded or decoded content")

@@ -1,27 +1,27 @@
 """The file tools: ``read_file``, ``write_file`` and ``list_directory``.
 
 Every path goes through ``PathGuard`` first (symlinks resolved, denied beats
-allowed). Reads are bounded by ``max_read_bytes`` and can be paged by line
-(``offset``/``limit``); binary files and invalid UTF-8 are refused rather than
-mangled. Writes are atomic: a temporary file in the same directory, flushed to
-disk, then ``os.replace``, so a reader never sees half a file. The blocking work
-runs in a worker thread to keep the event loop free.
+allowed), then is opened by ``safe_open`` exactly as checked (component by
+component from directory fds, no link followed, hard-linked files refused), so a
+link swapped in after the check cannot redirect the call. Reads are bounded by
+``max_read_bytes`` and can be paged by line (``offset``/``limit``); binary files
+and invalid UTF-8 are refused rather than mangled. Writes are atomic: a temporary
+file in the checked directory, flushed to disk, then renamed within it, so a
+reader never sees half a file. The blocking work runs in a worker thread.
 """
 
 from __future__ import annotations
 
 import asyncio
 import codecs
-import contextlib
 import os
 import re
-import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from agent.tools.paths import PathGuard
 from agent.tools.registry import Tool, ToolContext, ToolError, ToolOutput
+from agent.tools.safe_open import open_directory, open_file_for_reading, replace_file
 
 _CHUNK = 65_536
 _LINE = re.compile(r"[^\n]*\n|[^\n]+")
@@ -76,13 +76,9 @@ class ReadFileTool(Tool):
 
 def _read_text(path: Path, shown: str, offset: int, limit: int | None, budget: int) -> str:
     try:
-        info = path.stat()
-        if stat.S_ISDIR(info.st_mode):
-            raise ToolError(f"Error: {shown!r} is a directory; use list_directory to see what it holds.")
-        if not stat.S_ISREG(info.st_mode):
-            raise ToolError(f"Error: {shown!r} is not a regular file.")
-        with path.open("rb") as handle:
-            return _read_lines(handle, shown, offset, limit, budget, info.st_size)
+        fd = open_file_for_reading(path, shown)
+        with os.fdopen(fd, "rb") as handle:
+            return _read_lines(handle, shown, offset, limit, budget, os.fstat(fd).st_size)
     except OSError as exc:
         raise _os_error(exc, shown, "reading") from None
 
@@ -175,48 +171,19 @@ class WriteFileTool(Tool):
             raise ToolError(
                 "Error: the content is not valid Unicode text (it holds a lone surrogate)."
             ) from None
-        written = await asyncio.to_thread(_write_atomically, guard, path, args["path"], data)
+        written = await asyncio.to_thread(_write_atomically, path, args["path"], data)
         return ToolOutput(f"Wrote {len(data)} bytes to {written}.")
 
 
-def _write_atomically(guard: PathGuard, path: Path, shown: str, data: bytes) -> Path:
-    if path.is_dir():
-        raise ToolError(f"Error: {shown!r} is a directory; give a file path.")
-    parent = path.parent
+def _write_atomically(path: Path, shown: str, data: bytes) -> Path:
     try:
-        parent.mkdir(parents=True, exist_ok=True)
+        replace_file(path, shown, data)
     except FileExistsError:
         raise ToolError(
             f"Error: cannot create {shown!r}: a parent path exists and is not a directory."
         ) from None
     except OSError as exc:
         raise _os_error(exc, shown, "writing") from None
-    path = guard.check_resolved(path)  # the directories now exist: judge the real location again
-    try:
-        mode = stat.S_IMODE(path.stat().st_mode)
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-    except OSError as exc:
-        raise _os_error(exc, shown, "writing") from None
-    try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as exc:
-        raise _os_error(exc, shown, "writing") from None
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(exc, OSError):
-            raise _os_error(exc, shown, "writing") from None
-        raise
     return path
 
 
@@ -244,18 +211,17 @@ class ListDirectoryTool(Tool):
 
 def _list(path: Path, shown: str, budget: int) -> str:
     try:
-        if not path.is_dir():
-            if path.exists():
-                raise ToolError(f"Error: {shown!r} is a file, not a directory; use read_file.")
-            raise ToolError(f"Error: {shown!r} does not exist.")
-        with os.scandir(path) as entries:
-            items = sorted(entries, key=lambda e: e.name)
+        with open_directory(path, shown) as fd:
+            items = sorted(((e.name, _describe(e, fd)) for e in os.scandir(fd)), key=lambda item: item[0])
+    except NotADirectoryError:
+        raise ToolError(f"Error: {shown!r} is a file, not a directory; use read_file.") from None
+    except FileNotFoundError:
+        raise ToolError(f"Error: {shown!r} does not exist.") from None
     except OSError as exc:
         raise _os_error(exc, shown, "listing") from None
     lines: list[str] = []
     used = 0
-    for entry in items[:_MAX_LIST_ENTRIES]:
-        line = _describe(entry)
+    for _, line in items[:_MAX_LIST_ENTRIES]:
         used += len(line.encode("utf-8")) + 1
         if used > budget:
             break
@@ -267,10 +233,10 @@ def _list(path: Path, shown: str, budget: int) -> str:
     return "\n".join(lines)
 
 
-def _describe(entry: os.DirEntry[str]) -> str:
+def _describe(entry: os.DirEntry[str], dir_fd: int) -> str:
     try:
         if entry.is_symlink():
-            return f"{entry.name} -> {os.readlink(entry.path)}"
+            return f"{entry.name} -> {os.readlink(entry.name, dir_fd=dir_fd)}"
         if entry.is_dir():
             return f"{entry.name}/"
         return f"{entry.name}  ({entry.stat().st_size} bytes)"

@@ -6,8 +6,9 @@ link inside the workspace that points outside is judged by where it points.
 Denied paths beat allowed ones, also when nested inside them. Both the resolved
 and the purely lexical form of the path must pass, and the roots themselves are
 compared in both forms, so a symlinked root cannot be used to sidestep a denial.
-Checking happens before each operation; a link swapped in between is a race this
-guard does not close (not a sandbox).
+The roots' resolved forms are taken once (``ToolSettings.path_guard``), so a link
+planted at a root later does not widen it. This guard judges a path; the file
+tools then open exactly that path race-free (``safe_open``).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ class PathGuard:
 
     @classmethod
     def from_settings(cls, settings: ToolSettings) -> PathGuard:
-        return cls(settings.workspace, settings.allowed_paths, settings.denied_paths)
+        return settings.path_guard
 
     def resolve(self, raw: str) -> Path:
         """The absolute, symlink-free path for ``raw``; raises ``PathDeniedError`` when not allowed."""

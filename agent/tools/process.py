@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agent.tools.registry import ToolSettings
+
 # After the leader exits, how long background children may keep writing before the group is killed.
 _EXIT_GRACE_S = 0.5
 # How long to wait for pipes to close after the group was killed.
@@ -218,3 +220,24 @@ def _end_spawned(spawn: asyncio.Future[tuple[asyncio.SubprocessTransport, _Colle
 def _kill_group(pgid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, signal.SIGKILL)
+
+
+async def run_sandboxed(
+    argv: Sequence[str],
+    *,
+    settings: ToolSettings,
+    env: Mapping[str, str],
+    timeout_s: float,
+) -> ProcessResult:
+    """``run_process`` inside the tool sandbox of ``settings``; nothing it started outlives the call."""
+    settings.workspace.mkdir(parents=True, exist_ok=True)
+    command = settings.sandbox_command(argv, env)
+    try:
+        result = await run_process(
+            command.argv, cwd=command.cwd, env=command.env, timeout_s=timeout_s,
+            max_output_bytes=settings.max_output_bytes,
+        )
+    finally:
+        command.release()
+    result.argv = tuple(argv)
+    return result

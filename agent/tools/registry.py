@@ -14,15 +14,20 @@ import json
 import math
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import SchemaError, ValidationError
 
+from agent.tools.sandbox import Sandbox, SandboxCommand
 from agent.types import Category, ToolPolicy
+
+if TYPE_CHECKING:
+    from agent.tools.paths import PathGuard
 
 # Sends a file to the run's chat: (resolved path, caption) -> what to tell the model.
 # Raises ToolError when the file cannot be sent. Given by the daemon; None: no chat to send to.
@@ -43,6 +48,33 @@ class ToolSettings:
     max_output_bytes: int = 204_800
     env_allowlist: tuple[str, ...] = ("PATH", "HOME", "USER", "LANG", "LC_ALL", "TERM", "SHELL", "TMPDIR", "TZ")
     max_read_bytes: int = 1_048_576
+    # Unset: no confinement and no limits (unit tests); the daemon always passes a probed one.
+    sandbox: Sandbox = field(default_factory=lambda: Sandbox(bwrap=None, reason="not configured"))
+    # Paths the tools may read but never write (the agent's own files at the workspace root).
+    readonly_paths: tuple[Path, ...] = ()
+    # Paths masked in the sandbox for this session (other sessions' directories).
+    masked_paths: tuple[Path, ...] = ()
+
+    @cached_property
+    def path_guard(self) -> PathGuard:
+        """Built once per settings: a root's symlink form is resolved now, never again per call,
+        so a link planted later at a root cannot widen it."""
+        from agent.tools.paths import PathGuard
+
+        return PathGuard(self.workspace, self.allowed_paths, self.denied_paths)
+
+    def writable_paths(self) -> tuple[Path, ...]:
+        """Where a tool process may write: the workspace and the allowed paths."""
+        return (self.workspace, *self.allowed_paths)
+
+    def sandbox_command(self, argv: Sequence[str], env: Mapping[str, str]) -> SandboxCommand:
+        """``argv`` confined as every tool process is, started in the workspace: for one-shot
+        tools and long-lived ones (MCP stdio servers) alike. Exec ``.argv`` with ``.env`` in
+        ``.cwd`` in a new session; SIGKILL its process group to end it; then ``.release()``."""
+        return self.sandbox.wrap(
+            argv, cwd=self.workspace, env=env, writable=self.writable_paths(),
+            readonly=self.readonly_paths, hidden=self.masked_paths,
+        )
 
 
 @dataclass
@@ -159,6 +191,11 @@ class ToolRegistry:
             raise ValueError(f"tool {tool.name!r}: invalid parameters schema: {exc.message}") from exc
         self._tools[tool.name] = tool
         self._validators[tool.name] = _Validator(tool.parameters)
+
+    def unregister(self, name: str) -> None:
+        """Remove a tool (tools that come and go, such as an MCP server's); unknown names are ignored."""
+        self._tools.pop(name, None)
+        self._validators.pop(name, None)
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)

@@ -8,10 +8,12 @@ Modules, in the order a message meets them (DESIGN.md §2):
 - ``worker.py``    serving a session: lock, drain, run, sweep; ``SessionRun`` owns one
                    run's cancellation and steering.
 - ``run.py``       one batch as one run: resume a saved result, prepare, run the agent
-                   (``RunObserver`` watches its events), finish; ``TracingModel``.
+                   (``RunObserver`` watches its events), finish.
 - ``attachments.py`` files a message brought, fetched into the session's ``inbox/`` before
                    the run asks the model; ``send_file``'s uploads, once per run.
 - ``reply.py``     live previews and exactly-once delivery (``DeliveryLedger``).
+- ``redelivery.py`` parts whose send failed, retried with backoff by any replica for a
+                   bounded time, then given up and the chat told once.
 - ``signals.py``   the process's one pub/sub listener (``Broadcast``), cross-replica
                    stops and the outcomes of scheduled runs.
 - ``approvals.py`` approval requests for admin tools.

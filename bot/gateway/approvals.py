@@ -3,6 +3,11 @@
 The request lives in Redis, so the answer may arrive on any replica; a broadcast wakes
 the waiting run at once and a one-second poll of the key covers a missed broadcast.
 No answer within the timeout, or a ``/stop``, denies: approvals fail closed.
+
+The stored record is not trusted: the replica that takes the ``/approve`` from an
+allowed user in the chat stores a MAC over (id, answer, chat) keyed by the daemon
+key, and the waiting run counts an approval only when that MAC verifies for its own
+request. A write to the store alone cannot approve anything.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import structlog
 
 from bot.gateway.signals import Broadcast
 from bot.store.keys import Keys
+from bot.store.seal import RecordSeal
 
 log = structlog.get_logger(__name__)
 
@@ -30,6 +36,7 @@ if data['status'] ~= 'pending' then return data['status'] end
 if ARGV[2] ~= '' and data['chat_id'] ~= ARGV[2] then return 'wrong_chat' end
 data['status'] = ARGV[1]
 data['by'] = ARGV[3]
+data['mac'] = ARGV[4]
 redis.call('SET', KEYS[1], cjson.encode(data), 'KEEPTTL')
 return 'ok'
 """
@@ -45,7 +52,11 @@ def summarize_call(tool: str, args: dict[str, Any], limit: int = 600) -> str:
 
 
 class Approvals:
-    def __init__(self, client: aioredis.Redis, prefix: str, broadcast: Broadcast, timeout_s: float = 300.0) -> None:
+    def __init__(
+        self, client: aioredis.Redis, prefix: str, broadcast: Broadcast, timeout_s: float = 300.0,
+        *, seal: RecordSeal,
+    ) -> None:
+        self._seal = seal
         self._r = client
         self._keys = Keys(prefix)
         self._timeout_s = timeout_s
@@ -78,7 +89,7 @@ class Approvals:
             loop = asyncio.get_running_loop()
             deadline = loop.time() + self._timeout_s
             while True:
-                status = await self._status(key)
+                status = await self._status(key, approval_id, chat_id)
                 if status != "pending":
                     log.info("approval.answered", approval_id=approval_id, tool=tool, status=status)
                     return status == "approved"
@@ -99,9 +110,9 @@ class Approvals:
 
     async def resolve(self, approval_id: str, approved: bool, *, chat_id: str, user_id: str) -> str:
         """Answer a pending request; returns a short reply for the person who answered."""
-        outcome = await self._resolve(
-            keys=[self._key(approval_id)], args=["approved" if approved else "denied", chat_id, user_id]
-        )
+        status = "approved" if approved else "denied"
+        mac = self._seal.sign("approval", approval_id, status, chat_id)
+        outcome = await self._resolve(keys=[self._key(approval_id)], args=[status, chat_id, user_id, mac])
         outcome = str(outcome)
         if outcome == "ok":
             await self._broadcast.publish(self.channel, {"id": approval_id})
@@ -112,14 +123,23 @@ class Approvals:
             return f"Approval request {approval_id} belongs to another chat."
         return f"Approval request {approval_id} is already {outcome}."
 
-    async def _status(self, key: str) -> str:
+    async def _status(self, key: str, approval_id: str, chat_id: str) -> str:
         raw = await self._r.get(key)
         if raw is None:
             return "expired"
-        return str(json.loads(raw).get("status", "pending"))
+        try:
+            data = json.loads(raw)
+            status = str(data.get("status", "pending"))
+        except (ValueError, AttributeError):
+            log.warning("approval.tampered", approval_id=approval_id, reason="unreadable record")
+            return "tampered"
+        if status == "approved" and not self._seal.verify(data.get("mac"), "approval", approval_id, status, chat_id):
+            log.warning("approval.tampered", approval_id=approval_id, reason="approval without a valid MAC")
+            return "tampered"
+        return status
 
     async def _finish(self, key: str, status: str) -> None:
-        await self._resolve(keys=[key], args=[status, "", "system"])
+        await self._resolve(keys=[key], args=[status, "", "system", ""])
 
     async def _on_message(self, data: dict[str, Any]) -> None:
         event = self._waiters.get(str(data.get("id")))

@@ -27,6 +27,7 @@ import mimetypes
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,13 +53,8 @@ _MIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9.+-]{
 _KIND_MIME = {"photo": "image/jpeg", "voice": "audio/ogg", "video_note": "video/mp4", "sticker": "image/webp"}
 
 
-def session_dir(cfg: BotdConfig, req: RunRequest) -> Path:
-    """The session's workspace directory: where its ``inbox/`` lives.
-
-    The one place this is derived for attachments; today every session shares the
-    agent's workspace.
-    """
-    return cfg.workspace
+# The session's workspace directory (``agent.workspace_scope``): where its ``inbox/`` lives.
+SessionDir = Callable[[RunRequest], Path]
 
 
 @dataclass(frozen=True)
@@ -115,9 +111,10 @@ def _size_text(size: int) -> str:
 class Attachments:
     """Fetches a request's attachments and sends files, for the runs of one daemon."""
 
-    def __init__(self, cfg: BotdConfig, ledger: DeliveryLedger) -> None:
+    def __init__(self, cfg: BotdConfig, ledger: DeliveryLedger, session_dir: SessionDir | None = None) -> None:
         self.cfg = cfg
         self.ledger = ledger
+        self.session_dir: SessionDir = session_dir or (lambda _req: cfg.workspace)
         self._swept: dict[Path, float] = {}
 
     # ---- in ----------------------------------------------------------------------------
@@ -152,7 +149,7 @@ class Attachments:
             return [Skipped(a, "receiving files is turned off") for a in req.attachments]
         if not isinstance(channel, FileChannel):
             return [Skipped(a, f"files cannot be received through {channel.name}") for a in req.attachments]
-        inbox = session_dir(self.cfg, req) / INBOX_DIR
+        inbox = self.session_dir(req) / INBOX_DIR
         await asyncio.to_thread(inbox.mkdir, parents=True, exist_ok=True)
         out: list[Fetched | Skipped] = []
         for index, attachment in enumerate(req.attachments):
@@ -204,7 +201,7 @@ class Attachments:
     async def sweep(self, req: RunRequest) -> None:
         """Remove the session's inbox files older than ``keep_days`` (and dead ``.part``
         files); called for every run, it scans each inbox at most hourly."""
-        inbox = session_dir(self.cfg, req) / INBOX_DIR
+        inbox = self.session_dir(req) / INBOX_DIR
         now = time.time()
         if now - self._swept.get(inbox, 0.0) < SWEEP_EVERY_S:
             return

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 import structlog
@@ -25,7 +26,10 @@ from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sani
 from agent.types import DeliveryStatus, RunKind, RunResult
 from bot import metrics
 from bot.store.keys import Keys
-from channels.base import ChannelAdapter, ReplyStream, Target
+from channels.base import ChannelAdapter, ReplyStream, Target, ToolActivity
+
+if TYPE_CHECKING:
+    from bot.gateway.redelivery import Redelivery
 
 log = structlog.get_logger(__name__)
 
@@ -144,6 +148,7 @@ class Reply:
         *,
         kind: RunKind,
         previews: bool,
+        redelivery: Redelivery | None = None,
     ) -> None:
         self._channel = channel
         self._target = target
@@ -151,6 +156,7 @@ class Reply:
         self._ledger = ledger
         self._kind = kind
         self._previews = previews
+        self._redelivery = redelivery
         self._stream: ReplyStream = channel.open_stream(target, run_id)
         self._raw = ""
         self._last_preview = ""
@@ -180,6 +186,12 @@ class Reply:
     def reset_text(self) -> None:
         """A new assistant turn starts (after tool calls): the preview restarts with it."""
         self._raw = ""
+
+    async def on_tool(self, name: str, *, done: bool = False, ok: bool = True, ms: float = 0.0) -> None:
+        """Tell a stream that shows tool activity (see :class:`ToolActivity`) about a tool call."""
+        stream = self._stream
+        if self._previews and isinstance(stream, ToolActivity):
+            await self._safe("tool", stream.tool_finished(name, ok, ms) if done else stream.tool_started(name))
 
     async def finish(self, raw_final: str) -> DeliveryStatus:
         """Deliver the final answer (or nothing, when silent); close the stream either way."""
@@ -217,6 +229,8 @@ class Reply:
                 await self._ledger.mark(self._run_id, key, f"failed:{type(exc).__name__}")
                 metrics.DELIVERIES.labels(self._target.channel, "failed").inc()
                 status = "failed"
+                if self._redelivery is not None:  # kept in the ledger, retried later with backoff
+                    await self._redelivery.defer(self._run_id, index, part, self._target)
                 continue
             await self._ledger.mark(self._run_id, key, f"sent:{message_id or ''}")
             metrics.DELIVERIES.labels(self._target.channel, "sent").inc()

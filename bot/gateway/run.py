@@ -49,10 +49,12 @@ from bot.gateway.attachments import Attachments
 from bot.gateway.reply import DeliveryLedger, Reply, notify
 from bot.store.sessions import SessionStore
 from bot.tracing import Span, Trace, TraceStore, TracingModel, clip, verbose
+from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
     from bot.gateway.approvals import Approvals
+    from bot.gateway.redelivery import Redelivery
 
 log = structlog.get_logger(__name__)
 
@@ -64,7 +66,9 @@ RETRY_REASONS = frozenset({"shutdown", "lock_lost"})
 
 
 class Compactor(Protocol):
-    async def maybe_compact(self, session_key: str, last_prompt_tokens: int) -> bool: ...
+    async def maybe_compact(
+        self, session_key: str, last_prompt_tokens: int, *, settings: ToolSettings | None = None
+    ) -> bool: ...
 
 
 class RunControl(Protocol):
@@ -100,6 +104,8 @@ class RunDeps:
     approvals: Approvals
     traces: TraceStore
     compactor: Compactor | None = None
+    redelivery: Redelivery | None = None
+    workspaces: SessionWorkspaces | None = None  # None: every run uses tool_settings as is
     tool_extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -143,9 +149,11 @@ class RunObserver:
             await self._reply.on_chunk(event.text)
         elif isinstance(event, ToolCallEvent):
             self._reply.reset_text()
+            await self._reply.on_tool(event.tool_call.name)
         elif isinstance(event, ToolResultEvent):
             result = event.tool_result
             failed = result.is_error
+            await self._reply.on_tool(event.tool_call.name, done=True, ok=not failed, ms=event.duration_ms or 0.0)
             metrics.TOOL_CALLS.labels(event.tool_call.name, "error" if failed else "ok").inc()
             attrs: dict[str, Any] = {}
             if verbose():
@@ -156,7 +164,8 @@ class RunObserver:
 class RunExecutor:
     def __init__(self, deps: RunDeps) -> None:
         self.deps = deps
-        self.attachments = Attachments(deps.cfg, deps.ledger)
+        # Files go to the inbox of the directory the session's tools work in.
+        self.attachments = Attachments(deps.cfg, deps.ledger, lambda req: self._settings(req).workspace)
 
     async def execute(self, batch: list[RunRequest], control: RunControl) -> RunOutcome:
         """Run ``batch`` (oldest first) as one turn; never raises for run-level failures."""
@@ -169,7 +178,10 @@ class RunExecutor:
             return RunOutcome(run_id, "failed", "failed", f"channel {last.channel!r} is not enabled")
         target = Target.of(last)
         trace = Trace(run_id=run_id, session_key=session_key, kind=first.kind, channel=last.channel)
-        reply = Reply(channel, target, run_id, self.deps.ledger, kind=first.kind, previews=first.kind == "chat")
+        reply = Reply(
+            channel, target, run_id, self.deps.ledger,
+            kind=first.kind, previews=first.kind == "chat", redelivery=self.deps.redelivery,
+        )
         turn = _Turn(batch, channel, target, trace, reply, bound)
         started = time.monotonic()
         metrics.ACTIVE_RUNS.inc()
@@ -225,7 +237,7 @@ class RunExecutor:
             context_window_tokens=deps.cfg.llm.context_window,
             summary=summary,
         )
-        system = build_system_prompt(self._prompt_spec(turn.last))
+        system = build_system_prompt(self._prompt_spec(turn.last, self._settings(turn.last).workspace))
         # Images cost the most context: the oldest go first (their text stays), all of them
         # when the model is not a vision model.
         llm = deps.cfg.llm
@@ -255,7 +267,7 @@ class RunExecutor:
         ctx = ToolContext(
             run_id=turn.run_id,
             session_key=turn.session_key,
-            settings=deps.tool_settings,
+            settings=self._settings(last),
             policy=last.tool_policy,
             chat={"channel": last.channel, "chat_id": last.chat_id, "thread_id": last.thread_id,
                   "user_id": last.user_id},
@@ -311,7 +323,9 @@ class RunExecutor:
         await self._persist(session_key, run_id, user_messages, result, model)
         if deps.compactor is not None:
             try:
-                await deps.compactor.maybe_compact(session_key, model.last_prompt_tokens)
+                await deps.compactor.maybe_compact(
+                    session_key, model.last_prompt_tokens, settings=self._settings(turn.last)
+                )
             except Exception as exc:
                 turn.bound.warning("compaction.failed", error=str(exc))
         return RunOutcome(run_id, _status(result), delivery, result.error, result.text)
@@ -345,7 +359,12 @@ class RunExecutor:
                 session_key, usage.prompt_tokens, usage.completion_tokens, run_id=f"{run_id}:{index}"
             )
 
-    def _prompt_spec(self, req: RunRequest) -> PromptSpec:
+    def _settings(self, req: RunRequest) -> ToolSettings:
+        """The tool settings of ``req``'s session directory (``agent.workspace_scope``)."""
+        workspaces = self.deps.workspaces
+        return workspaces.settings_for(req) if workspaces else self.deps.tool_settings
+
+    def _prompt_spec(self, req: RunRequest, session_workspace: Path) -> PromptSpec:
         cfg = self.deps.cfg
         tz_name = cfg.heartbeat.timezone if req.kind == "heartbeat" else cfg.scheduler.timezone
         tools = self.deps.tools
@@ -360,6 +379,7 @@ class RunExecutor:
             timezone=tz_name,
             agent_id=cfg.agent.id,
             model=cfg.llm.model,
+            session_workspace=session_workspace,
         )
 
 

@@ -145,7 +145,7 @@ async def open_redis(
     else:
         server = EmbeddedValkey(workspace)
         await asyncio.to_thread(server.join)
-        url = server.url
+        url = server.client_url
     shown = redact_url(url)
     try:
         client = create_client(url)

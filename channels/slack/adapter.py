@@ -41,11 +41,19 @@ from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.types import Attachment
-from channels.base import ChannelContext, ChannelStartError, FileSink, SubmitResult, Target
+from channels.base import (
+    ChannelContext,
+    ChannelStartError,
+    FileSink,
+    KeyValue,
+    PairingGate,
+    SubmitResult,
+    Target,
+)
 from channels.slack.access import AccessPolicy
 from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.approval import approval_decided, approval_prompt
-from channels.slack.commands import APPROVE_ACTION, DENY_ACTION, ApprovalAnswer, CommandIntake
+from channels.slack.commands import APPROVE_ACTION, DENY_ACTION, ApprovalAnswer, CommandIntake, sender_of
 from channels.slack.files import SlackFiles
 from channels.slack.format import format_parts, preview_part
 from channels.slack.http_events import NOT_ACCEPTED_STATUS, SlackEventsEndpoint
@@ -86,12 +94,11 @@ class SlackStartError(ChannelStartError):
 
     @classmethod
     def of(cls, exc: SlackCallError, key: str) -> SlackStartError:
-        hint = (
-            f"check slack.{key}"
-            if exc.error in _TOKEN_ERRORS
-            else "is the Slack API (slack.api_base_url) reachable?"
+        if exc.error in _TOKEN_ERRORS:
+            return cls(f"Slack {exc.method} failed: {exc.error} (check slack.{key})")
+        return cls(
+            f"Slack {exc.method} failed: {exc.error} (is the Slack API (slack.api_base_url) reachable?)", exit_code=1
         )
-        return cls(f"Slack {exc.method} failed: {exc.error} ({hint})")
 
 
 class SlackChannel:
@@ -108,11 +115,13 @@ class SlackChannel:
         self._identity: BotIdentity | None = None
         self._intake: SlackIntake | None = None
         self._commands: CommandIntake | None = None
+        self._pairing: PairingGate | None = None
         self._app: AsyncApp | None = None
         self._socket: AsyncSocketModeHandler | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._endpoint: SlackEventsEndpoint | None = None
         self._inflight: set[asyncio.Task[Any]] = set()
+        self._kv: KeyValue | None = None
         # Events are handled concurrently; a burst must not exhaust the store's connections.
         self._intake_slots = asyncio.Semaphore(settings.max_concurrent_intake)
 
@@ -142,6 +151,7 @@ class SlackChannel:
 
     async def _start(self, ctx: ChannelContext) -> None:
         s = self.settings
+        self._kv = ctx.kv
         assert self._session is not None
         client = AsyncWebClient(
             token=s.bot_token,
@@ -161,8 +171,11 @@ class SlackChannel:
             user_id=str(auth.get("user_id") or ""),
             bot_id=str(auth.get("bot_id") or ""),
         )
-        policy = AccessPolicy.of(s.allow_from, s.channels)
-        self._intake = SlackIntake(ctx, self._identity, policy, require_mention=s.require_mention)
+        policy = AccessPolicy.of(s.allow_from, s.channels, dm_open=s.dm_policy == "open")
+        self._pairing = ctx.pairing if s.dm_policy == "pairing" else None
+        self._intake = SlackIntake(
+            ctx, self._identity, policy, require_mention=s.require_mention, pairing=self._pairing
+        )
         self._commands = CommandIntake(ctx, policy, self._identity.team_id)
         self._app = self._build_app(auth)
         if s.mode == "socket":
@@ -315,6 +328,16 @@ class SlackChannel:
         task.add_done_callback(self._inflight.discard)
         return task
 
+    async def _paired(self, user_id: str) -> bool:
+        """Whether pairing approved this user; fails closed when the store does not answer."""
+        if self._pairing is None or not user_id:
+            return False
+        try:
+            return await self._pairing.is_approved(user_id)
+        except Exception as exc:
+            log.warning("slack.pairing_unavailable", error=str(exc))
+            return False
+
     async def _on_event(self, body: dict[str, Any]) -> BoltResponse | None:
         assert self._intake is not None
         intake = self._intake
@@ -323,7 +346,7 @@ class SlackChannel:
 
     async def _on_command(self, ack: AsyncAck, body: dict[str, Any]) -> BoltResponse | None:
         assert self._commands is not None
-        plan = self._commands.plan_command(body)
+        plan = self._commands.plan_command(body, paired=await self._paired(sender_of(body)))
 
         async def work() -> Outcome:
             assert self._commands is not None
@@ -347,7 +370,7 @@ class SlackChannel:
 
     async def _answer_approval(self, body: dict[str, Any]) -> Outcome:
         assert self._commands is not None
-        answer = self._commands.parse_approval(body)
+        answer = self._commands.parse_approval(body, paired=await self._paired(sender_of(body)))
         if answer is None:
             return Outcome("ignored", "not_admitted")
         result = await self._commands.submit_approval(answer)
@@ -373,7 +396,8 @@ class SlackChannel:
 
     def open_stream(self, target: Target, run_id: str) -> SlackReplyStream:
         return SlackReplyStream(
-            self.api, target, run_id, format_preview=preview_part, interval_s=self.settings.preview_interval_s
+            self.api, target, run_id, format_preview=preview_part, interval_s=self.settings.preview_interval_s,
+            kv=self._kv,
         )
 
     async def send_text(self, target: Target, text: str) -> str | None:

@@ -5,7 +5,8 @@ transient failures (5xx, ``internal_error``, ``fatal_error``, ``service_unavaila
 ``request_timeout``, connection errors, timeouts) are retried a bounded number of
 times with a short backoff; anything else (``channel_not_found``, ``invalid_auth`` …)
 fails at once with a :class:`SlackCallError` naming the method and the error code.
-The token never appears in an error or a log line.
+The token never appears in an error or a log line. ``once=True`` makes a single attempt
+(previews use it: a preview that fails is given up, not waited for).
 """
 
 from __future__ import annotations
@@ -92,7 +93,7 @@ class SlackApi:
         self._backoff_s = backoff_s
         self._sleep = sleep
 
-    async def call(self, method: str, *, run_id: str = "", **kwargs: Any) -> dict[str, Any]:
+    async def call(self, method: str, *, run_id: str = "", once: bool = False, **kwargs: Any) -> dict[str, Any]:
         """Call ``method`` (e.g. ``"chat.postMessage"``) and return Slack's JSON answer."""
         func = getattr(self.client, method.replace(".", "_"), None)
         if func is None:
@@ -108,7 +109,7 @@ class SlackApi:
                 status, error = _status_of(exc), _error_of(exc)
                 if status == 429 or error == "ratelimited":
                     waits += 1
-                    if waits > self._max_waits:
+                    if once or waits > self._max_waits:
                         raise SlackCallError(method, "ratelimited", status) from None
                     delay = retry_after_of(exc, self._max_retry_after_s)
                     log.warning("slack.ratelimited", method=method, retry_after_s=delay, run_id=run_id)
@@ -121,8 +122,8 @@ class SlackApi:
             except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 reason, code = type(exc).__name__, None
             failures += 1
-            if failures > self._max_retries:
-                log.error("slack.api_gave_up", method=method, error=reason, attempts=failures, run_id=run_id)
+            if once or failures > self._max_retries:
+                (log.info if once else log.error)("slack.api_gave_up", method=method, error=reason, attempts=failures, run_id=run_id)
                 raise SlackCallError(method, reason, code)
             log.warning("slack.api_retry", method=method, error=reason, attempt=failures, run_id=run_id)
             await self._sleep(self._backoff_s * 2 ** (failures - 1))

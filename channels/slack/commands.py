@@ -72,6 +72,11 @@ def _str(value: Any) -> str:
     return value if isinstance(value, str) else ""
 
 
+def sender_of(body: dict[str, Any]) -> str:
+    """The user of a slash command or a ``block_actions`` payload ("" when absent)."""
+    return _str(body.get("user_id")) or _str(_obj(body, "user").get("id"))
+
+
 def _obj(body: dict[str, Any], key: str) -> dict[str, Any]:
     value = body.get(key)
     return value if isinstance(value, dict) else {}
@@ -84,11 +89,13 @@ class CommandIntake:
         self._team = team_id
 
     # -- slash command ----------------------------------------------------------------
-    def plan_command(self, body: dict[str, Any]) -> CommandPlan:
+    def plan_command(self, body: dict[str, Any], *, paired: bool = False) -> CommandPlan:
+        """``paired``: the sender is approved by pairing (the adapter asked the store)."""
         channel, user = _str(body.get("channel_id")), _str(body.get("user_id"))
         if not _ID.match(channel) or not _ID.match(user):
             return CommandPlan("This command needs a channel and a user.", rejected="malformed")
-        if not self._policy.admits(is_dm=channel.startswith("D"), channel_id=channel, user_id=user):
+        policy = self._policy.with_user(user) if paired else self._policy
+        if not policy.admits(is_dm=channel.startswith("D"), channel_id=channel, user_id=user):
             log.info("slack.command_denied", channel=channel, user=user)
             return CommandPlan("You are not allowed to control this bot here.", rejected="denied")
         word = _str(body.get("text")).strip().lower()
@@ -131,8 +138,9 @@ class CommandIntake:
         return result
 
     # -- approval buttons -------------------------------------------------------------
-    def parse_approval(self, body: dict[str, Any]) -> ApprovalAnswer | None:
-        """The answer in a ``block_actions`` payload, or None (not ours, malformed, stranger)."""
+    def parse_approval(self, body: dict[str, Any], *, paired: bool = False) -> ApprovalAnswer | None:
+        """The answer in a ``block_actions`` payload, or None (not ours, malformed, stranger);
+        ``paired``: the sender is approved by pairing."""
         actions = body.get("actions")
         if not isinstance(actions, list):
             return None
@@ -160,7 +168,8 @@ class CommandIntake:
         ):
             log.warning("slack.approval_malformed")
             return None
-        if not self._policy.admits(is_dm=channel.startswith("D"), channel_id=channel, user_id=user):
+        policy = self._policy.with_user(user) if paired else self._policy
+        if not policy.admits(is_dm=channel.startswith("D"), channel_id=channel, user_id=user):
             log.info("slack.approval_denied", channel=channel, user=user, approval_id=approval_id)
             return None
         return ApprovalAnswer(

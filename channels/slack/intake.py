@@ -8,7 +8,9 @@ so there is one normalization path. What it decides:
 - a DM (``channel_type`` im) always addresses the bot; in a channel the bot is
   addressed by its mention, by a reply in a thread it is in (a thread whose session a
   mention started, remembered 7 days), or by any message when ``require_mention`` is off;
-- access (access.py) is checked before anything is stored or submitted;
+- access (access.py) is checked before anything is stored or submitted; with
+  ``dm_policy: pairing`` a user approved by pairing counts as allowed, and a stranger's
+  DM is answered with a pairing code (once per post) instead of being submitted;
 - Slack's retries (same ``event_id``) and the message/app_mention twins of one post
   (same team, channel, ts) give one submit;
 - ``stop`` / ``!stop`` as the whole message becomes ``/stop``;
@@ -42,7 +44,7 @@ from typing import Any, Literal
 import structlog
 
 from agent.types import RunRequest, SlackChat
-from channels.base import ChannelContext
+from channels.base import ChannelContext, PairingGate
 from channels.slack.access import AccessPolicy
 from channels.slack.files import message_files
 from channels.slack.text import strip_mention, to_plain
@@ -110,12 +112,19 @@ class SlackIntake:
     """Normalizes message events and submits them through the daemon's context."""
 
     def __init__(
-        self, ctx: ChannelContext, identity: BotIdentity, policy: AccessPolicy, *, require_mention: bool
+        self,
+        ctx: ChannelContext,
+        identity: BotIdentity,
+        policy: AccessPolicy,
+        *,
+        require_mention: bool,
+        pairing: PairingGate | None = None,
     ) -> None:
         self._ctx = ctx
         self._me = identity
         self._policy = policy
         self._require_mention = require_mention
+        self._pairing = pairing
 
     async def on_event(self, body: dict[str, Any]) -> Outcome:
         event = body.get("event")
@@ -148,8 +157,17 @@ class SlackIntake:
 
         if not is_dm and not mentioned and self._require_mention and not in_thread:
             return Outcome("ignored", "not_addressed")
-        if not self._policy.admits(is_dm=is_dm, channel_id=channel, user_id=user):
+        policy = self._policy
+        if (
+            self._pairing is not None
+            and not policy.admits(is_dm=is_dm, channel_id=channel, user_id=user)
+            and await self._pairing.is_approved(user)
+        ):
+            policy = policy.with_user(user)
+        if not policy.admits(is_dm=is_dm, channel_id=channel, user_id=user):
             log.info("slack.denied", channel=channel, user=user)
+            if is_dm and self._pairing is not None:
+                return await self._challenge(team, channel, ts, event_id, user)
             return Outcome("denied")
         if not is_dm and not mentioned and self._require_mention:
             assert thread_ts is not None
@@ -192,6 +210,14 @@ class SlackIntake:
             status=result.status,
         )
         return Outcome("submitted", result.status)
+
+    async def _challenge(self, team: str, channel: str, ts: str, event_id: str, user: str) -> Outcome:
+        """A stranger's DM under ``dm_policy: pairing``: a code, once per post (Slack retries)."""
+        if not await self._ctx.kv.set_nx(message_key(team, channel, ts), DONE + event_id, DEDUPE_TTL_S):
+            return Outcome("duplicate", "message")
+        if self._pairing is not None:
+            await self._pairing.challenge(user, user, channel)
+        return Outcome("denied", "pairing")
 
     async def _claimed_before(self, dedupe: str, claim: str, event_id: str) -> Outcome:
         """The post is claimed already: a duplicate, or (this event pending) not accepted yet."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 SlackMode = Literal["socket", "http"]
+DmPolicy = Literal["allowlist", "open", "pairing"]
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class SlackSettings:
     mode: SlackMode = "socket"
     api_base_url: str | None = None
     events_path: str = "/slack/events"
+    dm_policy: DmPolicy = "allowlist"
     allow_from: tuple[str, ...] = ()
     channels: tuple[str, ...] = ()
     require_mention: bool = True
@@ -47,6 +49,8 @@ class SlackSettings:
             raise ValueError("slack: max_concurrent_intake must be at least 1")
         if not 0 < self.accept_timeout_s < 3:
             raise ValueError("slack: accept_timeout_s must be above 0 and below Slack's 3 s")
+        if self.dm_policy not in ("allowlist", "open", "pairing"):
+            raise ValueError(f"slack: dm_policy must be allowlist, open or pairing, got {self.dm_policy!r}")
         if not self.events_path.startswith("/"):
             raise ValueError("slack: events_path must start with '/'")
         # Accept lists from the config model as well as tuples.
@@ -75,6 +79,7 @@ class SlackSettings:
             mode=getattr(config, "mode", "socket"),
             api_base_url=getattr(config, "api_base_url", None),
             events_path=getattr(config, "events_path", "/slack/events"),
+            dm_policy=getattr(config, "dm_policy", "allowlist"),
             allow_from=tuple(getattr(config, "allow_from", ())),
             channels=tuple(getattr(config, "channels", ())),
             require_mention=bool(getattr(config, "require_mention", True)),

@@ -7,6 +7,14 @@ interval, rendered only when it is actually sent, so a fast stream costs nothing
 it when the update fails), further parts are posted in the thread; ``discard`` deletes
 the placeholder; ``close`` removes :eyes:. Every method is idempotent and safe in any
 order. Previews never block the caller on the network: a background task sends them.
+
+Previews are a courtesy: the first preview call that fails in any way (an error, a
+timeout, a dropped connection, an unreadable answer, ``msg_too_long``,
+``message_not_found``, ``ratelimited``) ends previewing for the run; the answer is then
+posted as new messages and the placeholder deleted, so the conversation ends with the
+answer once and no partial copy. The placeholder's ts is kept in the store under the
+run id: a run retried after a crash adopts the placeholder the dead attempt left and
+finalizes or deletes it.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from typing import Any
 
 import structlog
 
-from channels.base import Target
+from channels.base import KeyValue, Target
+from channels.preview_memory import PreviewMemory
 from channels.slack.api import SlackApi, SlackCallError
 
 log = structlog.get_logger(__name__)
@@ -40,6 +49,7 @@ class SlackReplyStream:
         format_preview: PreviewFormatter,
         interval_s: float = 1.0,
         clock: Clock = time.monotonic,
+        kv: KeyValue | None = None,
     ) -> None:
         self._api = api
         self._target = target
@@ -57,6 +67,8 @@ class SlackReplyStream:
         self._preview_ts: str | None = None
         self._delivered: dict[int, str] = {}
         self._previews_over = False
+        self.previews_failed = False  # a preview call failed: the answer is posted anew
+        self._memory = PreviewMemory(kv, "slack", run_id, target.chat_id)
         self._reacted = False
         self._closed = False
 
@@ -130,15 +142,29 @@ class SlackReplyStream:
                 await self._show(rendered)
 
     async def _show(self, rendered: str) -> None:
+        """Put ``rendered`` in the placeholder (caller holds the lock); never raises."""
         try:
+            await self._adopt()
             if self._preview_ts is None:
-                data = await self._post(rendered)
+                data = await self._post(rendered, once=True)
                 self._preview_ts = str(data["ts"])
+                await self._memory.remember(self._preview_ts)
             else:
-                await self._update(self._preview_ts, rendered)
+                await self._update(self._preview_ts, rendered, once=True)
             self._shown = rendered
-        except SlackCallError as exc:
-            log.warning("slack.preview_failed", run_id=self._run_id, error=exc.error)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure: no more previews, the answer still goes out
+            self.previews_failed = self._previews_over = True
+            error = exc.error if isinstance(exc, SlackCallError) else type(exc).__name__
+            log.info("slack.preview_given_up", run_id=self._run_id, error=error)
+
+    async def _adopt(self) -> None:
+        """Take over the placeholder a previous attempt of this run left (caller holds the lock)."""
+        previous = await self._memory.recall()
+        if previous is not None and self._preview_ts is None:
+            self._preview_ts = previous
+            log.info("slack.preview_adopted", run_id=self._run_id)
 
     async def _end_previews(self) -> None:
         """No preview after this; wait for one being sent (never cancel a post mid-flight)."""
@@ -155,49 +181,74 @@ class SlackReplyStream:
         async with self._lock:
             if index in self._delivered:
                 return self._delivered[index]
-            if index == 0 and self._preview_ts is not None:
-                ts = await self._finalize_preview(self._preview_ts, part)
+            if index == 0:
+                await self._adopt()
+            preview_ts = self._preview_ts
+            if index == 0 and preview_ts is not None and not self.previews_failed and (
+                await self._finalize_preview(preview_ts, part)
+            ):
+                self._preview_ts = None  # from now on it is the answer, not a placeholder
+                await self._memory.forget()
+                ts = preview_ts
             else:
-                ts = str((await self._post(part))["ts"])
+                try:
+                    ts = await self._post_part(part)
+                finally:  # posted or failed, a partial placeholder must not stay behind
+                    await self._delete_placeholder()
             self._delivered[index] = ts
             return ts
 
-    async def _finalize_preview(self, preview_ts: str, part: str) -> str:
-        self._preview_ts = None  # from now on it is the answer, not a placeholder
+    async def _finalize_preview(self, preview_ts: str, part: str) -> bool:
+        """Update the placeholder into the answer; False (logged) when that failed in any way."""
         if part == self._shown:
-            return preview_ts
+            return True
         try:
             await self._update(preview_ts, part)
-            return preview_ts
-        except SlackCallError as exc:
-            log.warning("slack.finalize_update_failed", run_id=self._run_id, error=exc.error)
-        ts = str((await self._post(part))["ts"])
-        await self._delete(preview_ts)
-        return ts
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            error = exc.error if isinstance(exc, SlackCallError) else type(exc).__name__
+            log.info("slack.finalize_update_failed", run_id=self._run_id, error=error)
+            return False
+
+    async def _post_part(self, part: str) -> str:
+        data = await self._post(part)
+        ts = data.get("ts")
+        if not ts:  # Slack said ok: the part is out, only its ts is unknown
+            log.warning("slack.post_without_ts", run_id=self._run_id)
+            return ""
+        return str(ts)
+
+    async def _delete_placeholder(self) -> None:
+        preview_ts, self._preview_ts = self._preview_ts, None
+        if preview_ts is not None and await self._delete(preview_ts):
+            await self._memory.forget()
 
     async def discard(self) -> None:
         await self._end_previews()
         async with self._lock:
-            if self._preview_ts is None:
-                return
-            preview_ts, self._preview_ts = self._preview_ts, None
-            await self._delete(preview_ts)
+            await self._adopt()
+            await self._delete_placeholder()
 
     # -- calls ------------------------------------------------------------------------
-    async def _post(self, text: str) -> dict[str, Any]:
+    async def _post(self, text: str, *, once: bool = False) -> dict[str, Any]:
         args: dict[str, Any] = {"channel": self._target.chat_id, "text": text}
         if self._target.thread_id:
             args["thread_ts"] = self._target.thread_id
-        return await self._api.call("chat.postMessage", run_id=self._run_id, **args)
+        return await self._api.call("chat.postMessage", run_id=self._run_id, once=once, **args)
 
-    async def _update(self, ts: str, text: str) -> None:
+    async def _update(self, ts: str, text: str, *, once: bool = False) -> None:
         await self._api.call(
-            "chat.update", run_id=self._run_id, channel=self._target.chat_id, ts=ts, text=text
+            "chat.update", run_id=self._run_id, once=once, channel=self._target.chat_id, ts=ts, text=text
         )
 
-    async def _delete(self, ts: str) -> None:
+    async def _delete(self, ts: str) -> bool:
+        """Delete a message; True when it is gone (also when it already was)."""
         try:
             await self._api.call("chat.delete", run_id=self._run_id, channel=self._target.chat_id, ts=ts)
         except SlackCallError as exc:
             if exc.error != "message_not_found":
                 log.warning("slack.delete_failed", run_id=self._run_id, error=exc.error)
+                return False
+        return True

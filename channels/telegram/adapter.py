@@ -24,17 +24,19 @@ from telegram.error import InvalidToken, TelegramError
 from telegram.request import HTTPXRequest
 
 from agent.types import Attachment, RunRequest, TelegramChat
-from channels.base import ChannelContext, ChannelStartError, FileSink, ReplyStream, Target
+from channels.base import ChannelContext, ChannelStartError, FileSink, PairingGate, ReplyStream, Target
 from channels.telegram.files import TelegramFiles
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
     CONTROL_COMMANDS,
+    DM_NOT_ALLOWED,
     NOT_ADDRESSED,
     Access,
     BotIdentity,
     Ignored,
     Inbound,
     MalformedUpdate,
+    display_name,
     normalize_update,
 )
 from channels.telegram.polling import PollingIntake
@@ -54,7 +56,7 @@ ALBUM_TTL_S = 120.0  # an album's items arrive within seconds of each other
 
 
 class TelegramStartError(ChannelStartError):
-    """The channel cannot start (e.g. the token was rejected); the message is safe to show."""
+    """The channel cannot start; the message is one line naming the key to fix, safe to show."""
 
 
 class TelegramChannel:
@@ -78,6 +80,7 @@ class TelegramChannel:
         self.send_backoff_s = settings.send_backoff_s
         self.connect_backoff_s = settings.connect_backoff_s
         self.message_limit = settings.message_limit
+        self.preview_timeout_s = settings.preview_timeout_s
         self.me: BotIdentity | None = None
         self.poller: PollingIntake | None = None
         self._ctx: ChannelContext | None = None
@@ -116,6 +119,13 @@ class TelegramChannel:
         except InvalidToken:
             await self._close_bot()
             raise TelegramStartError("the Bot API rejected telegram.token; check the token") from None
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # e.g. getMe without a field
+            await self._close_bot()
+            raise TelegramStartError(
+                f"the Bot API answered getMe with an unreadable result ({type(exc).__name__}); "
+                "check that telegram.api_base_url points at a Telegram Bot API",
+                exit_code=1,
+            ) from None
         except (TelegramError, OSError) as exc:
             log.warning("telegram.connect_failed", error=scrub(str(exc)), retry_in_s=self.connect_backoff_s)
             self._bring_up_task = asyncio.create_task(self._bring_up_retrying(), name="tg-connect")
@@ -247,8 +257,9 @@ class TelegramChannel:
         ctx = self._ctx
         if ctx is None or self.me is None:
             raise RuntimeError("the telegram channel is not started")
+        access = await self._access_for(update)
         try:
-            decision = normalize_update(update, self.me, self.access, self._command_names)
+            decision = normalize_update(update, self.me, access, self._command_names)
         except MalformedUpdate as exc:
             if strict:
                 raise BadUpdate(str(exc)) from None
@@ -257,13 +268,15 @@ class TelegramChannel:
         except Exception:
             log.exception("telegram.normalize_failed", update_id=update.update_id)
             return
-        decision = await self._album_addressed(update, decision, ctx)
+        decision = await self._album_addressed(update, decision, access, ctx)
         if isinstance(decision, Ignored):
             if decision.unauthorized:
                 log.info("telegram.unauthorized", user_id=decision.user_id, chat_id=decision.chat_id,
                          reason=decision.reason)
             else:
                 log.debug("telegram.ignored", update_id=update.update_id, reason=decision.reason)
+            if decision.reason == DM_NOT_ALLOWED and decision.user_id and decision.chat_id:
+                await self._challenge(update, decision.user_id, decision.chat_id)
             if decision.callback_id:
                 await self._answer_callback(decision.callback_id, "Not allowed." if decision.unauthorized else None)
             return
@@ -278,7 +291,9 @@ class TelegramChannel:
             if update.callback_query is not None and update.callback_query.message is not None:
                 await self._remove_buttons(update.callback_query.message.chat.id, update.callback_query.message.message_id)
 
-    async def _album_addressed(self, update: Update, decision: Inbound | Ignored, ctx: ChannelContext) -> Inbound | Ignored:
+    async def _album_addressed(
+        self, update: Update, decision: Inbound | Ignored, access: Access, ctx: ChannelContext
+    ) -> Inbound | Ignored:
         """Only an album's first item carries the caption (and the mention): in a group, the
         rest of an album whose first item addressed the bot is addressed too."""
         msg = update.message
@@ -290,8 +305,30 @@ class TelegramChannel:
                 await ctx.kv.set(key, "1", ALBUM_TTL_S)
             return decision
         if decision.reason == NOT_ADDRESSED and await ctx.kv.get(key) is not None:
-            return normalize_update(update, self.me, self.access, self._command_names, addressed=True)
+            return normalize_update(update, self.me, access, self._command_names, addressed=True)
         return decision
+
+    def _pairing(self) -> PairingGate | None:
+        return self._ctx.pairing if self._ctx is not None and self.settings.dm_policy == "pairing" else None
+
+    async def _access_for(self, update: Update) -> Access:
+        """With pairing, a sender approved by code counts as listed for this update."""
+        pairing = self._pairing()
+        try:
+            user = update.effective_user
+        except Exception:  # a malformed update: normalize_update says why
+            return self.access
+        if pairing is None or user is None or self.access.user_listed(user):
+            return self.access
+        return self.access.with_user(str(user.id)) if await pairing.is_approved(str(user.id)) else self.access
+
+    async def _challenge(self, update: Update, user_id: str, chat_id: str) -> None:
+        """A stranger's DM under ``dm_policy: pairing``: answered with a code, no LLM call."""
+        pairing = self._pairing()
+        if pairing is None:
+            return
+        user = update.effective_user
+        await pairing.challenge(user_id, display_name(user) if user is not None else user_id, chat_id)
 
     def _run_request(self, inbound: Inbound, ctx: ChannelContext) -> RunRequest:
         key = ctx.session_key(inbound.scope, inbound.chat_id, topic=inbound.topic_id)
@@ -342,6 +379,8 @@ class TelegramChannel:
             render_preview=lambda text: render_preview(text, self.message_limit),
             edit_interval_s=self.settings.stream_edit_interval_s,
             typing_interval_s=self.typing_interval_s,
+            preview_timeout_s=self.preview_timeout_s,
+            kv=self._ctx.kv if self._ctx is not None else None,
         )
 
     async def send_text(self, target: Target, text: str) -> str | None:

@@ -5,7 +5,8 @@ Pure functions over python-telegram-bot objects (no I/O), so every rule is unit-
 * only new messages count: edits, channel posts, service messages and messages from
   bots (including anonymous group admins) are ignored;
 * private chats follow ``dm_policy`` (``allowlist``: only ``allow_from``, empty admits
-  nobody; ``open``: anyone); groups must be listed in ``groups`` (chat id, ``@name`` or
+  nobody; ``open``: anyone; ``pairing``: like allowlist, and the adapter lists users
+  approved by pairing through :meth:`Access.with_user`); groups must be listed in ``groups`` (chat id, ``@name`` or
   ``*``) and, unless ``require_mention`` is off, address the bot: an ``@botname``
   mention, a text mention of the bot user, ``/cmd@botname``, one of the bot's own
   commands at the start, or a reply to one of the bot's messages;
@@ -22,6 +23,7 @@ it, and nothing else.
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -32,6 +34,7 @@ from telegram import CallbackQuery, Chat, Message, MessageEntity, Update, User
 from agent.types import Attachment
 from channels.telegram.settings import TelegramSettings
 
+DM_NOT_ALLOWED = "sender not allowed"
 CONTROL_COMMANDS = frozenset({"stop", "stopall", "new", "status", "help", "approve", "deny"})
 NOT_ADDRESSED = "group message not addressed to the bot"
 APPROVAL_DATA = re.compile(r"^ap:([A-Za-z0-9_-]{1,48}):([yn])$")
@@ -91,6 +94,12 @@ class Access:
         self.any_group = "*" in (g.strip() for g in settings.groups)
         self.group_ids, self.group_names = group_ids, group_names
         self.require_mention = settings.require_mention
+
+    def with_user(self, user_id: str) -> Access:
+        """This access with one more listed user (one approved by pairing)."""
+        widened = copy.copy(self)
+        widened.user_ids = self.user_ids | {user_id}
+        return widened
 
     def user_listed(self, user: User) -> bool:
         return self.user_listed_id(str(user.id), user.username)
@@ -184,7 +193,7 @@ def normalize_message(
         return Ignored("service message", user_id=str(user.id), chat_id=str(chat.id))
     if chat.type == Chat.PRIVATE:
         if not access.dm_allowed(user):
-            return Ignored("sender not allowed", unauthorized=True, user_id=str(user.id), chat_id=str(chat.id))
+            return Ignored(DM_NOT_ALLOWED, unauthorized=True, user_id=str(user.id), chat_id=str(chat.id))
         scope: Literal["dm", "group"] = "dm"
         chat_id = str(user.id)
     else:

@@ -9,6 +9,12 @@ The offset advances only after an update was handed over (submitted), so a crash
 loses an update; a repeat after a restart is caught by the gateway's dedupe. The offset
 is also kept in the store so a new leader resumes where the old one stopped. A poll
 loop that makes no progress for ``stall_timeout_s`` is cancelled and restarted.
+
+Polling is bounded whatever the Bot API does: errors back off exponentially, and an
+empty answer that comes back long before ``timeout`` (a proxy or server ignoring long
+polling) backs off too, from ``MIN_EMPTY_WAIT_S`` up to ``MAX_EMPTY_WAIT_S``, so an
+idle bot never issues more than a few getUpdates a second. A run of failures is
+logged once when it starts and once when it ends.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ log = structlog.get_logger(__name__)
 UpdateHandler = Callable[[Update], Awaitable[None]]
 OFFSET_TTL_S = 24 * 3600.0  # Telegram keeps undelivered updates for 24 hours
 STOP_TIMEOUT_S = 5.0
+MIN_EMPTY_WAIT_S = 0.5
+MAX_EMPTY_WAIT_S = 5.0
 
 
 class PollingIntake:
@@ -72,6 +80,8 @@ class PollingIntake:
         self.restarts = 0  # poll loops restarted after a stall
         self.conflicts = 0  # 409 answers seen
         self._failures = 0  # consecutive failed getUpdates calls
+        self._early_empties = 0  # consecutive empty answers that ignored the long-poll timeout
+        self.backoffs = 0  # waits inserted by the polling bound (errors and early answers)
         self._offset: int | None = None
         self._last_progress = time.monotonic()
         self._task: asyncio.Task[None] | None = None
@@ -193,6 +203,7 @@ class PollingIntake:
                 if not webhook_cleared:
                     await self.bot.delete_webhook(drop_pending_updates=False)
                     webhook_cleared = True
+                asked_at = time.monotonic()
                 updates = await self.bot.get_updates(
                     offset=self._offset, timeout=self.poll_timeout_s, allowed_updates=self.allowed_updates
                 )
@@ -211,10 +222,31 @@ class PollingIntake:
             except (NetworkError, TelegramError) as exc:
                 await self._failed("telegram.poll_error", exc)
                 continue
+            except (AttributeError, TypeError, KeyError, ValueError) as exc:  # an answer the library cannot read
+                await self._failed("telegram.poll_malformed_answer", exc)
+                continue
+            if self._failures:
+                log.info("telegram.poll_recovered", failures=self._failures)
             self._failures = 0
             self._last_progress = time.monotonic()
             if not await self._dispatch(updates):
                 await asyncio.sleep(self.backoff_s)
+            await self._bound_empty(bool(updates), time.monotonic() - asked_at)
+
+    async def _bound_empty(self, got_updates: bool, took_s: float) -> None:
+        """Wait before the next poll when an empty answer ignored the long-poll timeout."""
+        if got_updates or took_s >= min(1.0, self.poll_timeout_s / 2):
+            if self._early_empties:
+                log.info("telegram.poll_long_polling_back", early_answers=self._early_empties)
+            self._early_empties = 0
+            return
+        self._early_empties += 1
+        delay = min(MAX_EMPTY_WAIT_S, max(MIN_EMPTY_WAIT_S, self.backoff_s) * 2 ** min(self._early_empties - 1, 8))
+        if self._early_empties == 1:
+            log.warning("telegram.poll_answered_early", took_s=round(took_s, 3), timeout_s=self.poll_timeout_s,
+                        hint="the Bot API (or a proxy) ignores the getUpdates timeout; polling backs off")
+        self.backoffs += 1
+        await asyncio.sleep(delay)
 
     async def _dispatch(self, updates: Sequence[Update]) -> bool:
         """Hand updates over in order; False (offset kept) if handing one over failed."""
@@ -238,8 +270,13 @@ class PollingIntake:
     async def _failed(self, event: str, exc: BaseException, wait: float | None = None) -> None:
         raise_if_cancelled()
         self._failures += 1
-        delay = wait if wait is not None else min(self.max_backoff_s, self.backoff_s * 2 ** (self._failures - 1))
-        log.warning(event, error=scrub(str(exc)), retry_in_s=round(delay, 2), failures=self._failures)
+        delay = wait if wait is not None else min(self.max_backoff_s, self.backoff_s * 2 ** min(self._failures - 1, 16))
+        error = scrub(str(exc) or type(exc).__name__)
+        if self._failures == 1:
+            log.warning(event, error=error, retry_in_s=round(delay, 2))
+        else:
+            log.debug(event, error=error, retry_in_s=round(delay, 2), failures=self._failures)
+        self.backoffs += 1
         await asyncio.sleep(delay)
 
 

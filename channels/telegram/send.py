@@ -6,7 +6,13 @@
   then logged with the run id and raised, so the caller can record the failure;
 * a group upgraded to a supergroup (``ChatMigrated``) is retried in the new chat;
 * HTML that Telegram cannot parse is resent once as plain text, and "message is not
-  modified" on an edit counts as success.
+  modified" on an edit counts as success;
+* an answer the library cannot read (``{"ok": true, "result": null}`` from a proxy or a
+  broken server) becomes :class:`MalformedAnswer`: the call did reach the Bot API and
+  may have taken effect, so it is never retried.
+
+``once=True`` makes one attempt only (a 429 still pauses the chat): previews use it, as
+a preview that fails is given up rather than waited for.
 """
 
 from __future__ import annotations
@@ -41,6 +47,13 @@ class ChatRef:
     chat_id: ChatId
     thread_id: int | None = None
     reply_to: int | None = None
+
+
+class MalformedAnswer(TelegramError):
+    """The Bot API answered ``ok`` but with a result the library could not read."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        super().__init__(f"malformed answer to {what}: {type(error).__name__}")
 
 
 def is_parse_error(exc: BaseException) -> bool:
@@ -88,7 +101,8 @@ class TelegramSender:
         self._paused_until[key] = max(self._paused_until.get(key, 0.0), time.monotonic() + seconds)
 
     async def call(
-        self, chat_id: ChatId, what: str, fn: Callable[[ChatId], Awaitable[T]], *, run_id: str = ""
+        self, chat_id: ChatId, what: str, fn: Callable[[ChatId], Awaitable[T]], *, run_id: str = "",
+        once: bool = False,
     ) -> T:
         """Run ``fn(chat_id)`` with flood control and retries; raises the last error."""
         attempts = floods = 0
@@ -98,9 +112,17 @@ class TelegramSender:
                 result = await fn(chat_id)
                 raise_if_cancelled()
                 return result
+            except (AttributeError, TypeError, KeyError, ValueError) as exc:
+                log.warning("telegram.malformed_answer", what=what, chat_id=str(chat_id), run_id=run_id,
+                            error=type(exc).__name__)
+                raise MalformedAnswer(what, exc) from None
             except RetryAfter as exc:
                 wait = retry_after_seconds(exc)
                 floods += 1
+                if once:  # not waited for here, but the chat's next calls wait
+                    log.info("telegram.rate_limited", what=what, chat_id=str(chat_id), run_id=run_id, retry_after=wait)
+                    self._pause_chat(chat_id, min(wait, self.max_retry_after_s))
+                    raise
                 if floods > self.max_flood_waits or wait > self.max_retry_after_s:
                     log.error("telegram.send_failed", what=what, chat_id=str(chat_id), run_id=run_id, error=scrub(str(exc)))
                     raise
@@ -114,6 +136,8 @@ class TelegramSender:
             except NetworkError as exc:  # includes TimedOut
                 raise_if_cancelled()
                 attempts += 1
+                if once:
+                    raise
                 if attempts >= self.max_attempts:
                     log.error(
                         "telegram.send_failed", what=what, chat_id=str(chat_id), run_id=run_id,
@@ -131,6 +155,7 @@ class TelegramSender:
         run_id: str = "",
         reply: bool = True,
         reply_markup: InlineKeyboardMarkup | None = None,
+        once: bool = False,
     ) -> Message:
         """Send one HTML message (plain text if Telegram cannot parse it)."""
         params: dict[str, Any] = {"reply_markup": reply_markup}
@@ -142,7 +167,7 @@ class TelegramSender:
         async def send_as(text: str, mode: str | None) -> Message:
             return await self.call(
                 chat.chat_id, "sendMessage",
-                lambda cid: self.bot.send_message(cid, text, parse_mode=mode, **params), run_id=run_id,
+                lambda cid: self.bot.send_message(cid, text, parse_mode=mode, **params), run_id=run_id, once=once,
             )
 
         try:
@@ -161,6 +186,7 @@ class TelegramSender:
         *,
         run_id: str = "",
         reply_markup: InlineKeyboardMarkup | None = None,
+        once: bool = False,
     ) -> Literal["edited", "unchanged"]:
         """Replace a message's text; raises BadRequest when it cannot be edited (e.g. deleted)."""
 
@@ -170,7 +196,7 @@ class TelegramSender:
                 lambda cid: self.bot.edit_message_text(
                     text, chat_id=cid, message_id=message_id, parse_mode=mode, reply_markup=reply_markup
                 ),
-                run_id=run_id,
+                run_id=run_id, once=once,
             )
 
         try:

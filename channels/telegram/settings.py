@@ -27,7 +27,7 @@ class TelegramSettings:
     webhook_url: str | None = None
     webhook_secret: str | None = field(default=None, repr=False)
     webhook_path: str = "/telegram"
-    dm_policy: Literal["allowlist", "open"] = "allowlist"
+    dm_policy: Literal["allowlist", "open", "pairing"] = "allowlist"
     allow_from: tuple[str, ...] = ()
     groups: tuple[str, ...] = ()
     require_mention: bool = True
@@ -43,6 +43,7 @@ class TelegramSettings:
     send_backoff_s: float = 0.5
     connect_backoff_s: float = 5.0
     message_limit: int = MESSAGE_LIMIT
+    preview_timeout_s: float = 5.0  # one preview call; a slower one ends previewing for the run
 
     def __post_init__(self) -> None:
         if not self.token or ":" not in self.token:
@@ -55,8 +56,8 @@ class TelegramSettings:
             raise ValueError("telegram.webhook_secret may only use A-Z a-z 0-9 _ - (1 to 256 characters)")
         if not self.webhook_path.startswith("/"):
             raise ValueError("telegram.webhook_path must start with '/'")
-        if self.dm_policy not in ("allowlist", "open"):
-            raise ValueError(f"telegram.dm_policy must be allowlist or open, got {self.dm_policy!r}")
+        if self.dm_policy not in ("allowlist", "open", "pairing"):
+            raise ValueError(f"telegram.dm_policy must be allowlist, open or pairing, got {self.dm_policy!r}")
         if self.stream_edit_interval_s <= 0:
             raise ValueError("telegram.stream_edit_interval_s must be positive")
 

@@ -1,11 +1,21 @@
 """The live reply of one run in one Telegram chat: typing, a throttled preview, the final parts.
 
 ``preview`` only records the latest text; a background task pushes it at most once per
-``edit_interval_s`` (first as a new message, then by editing it). ``deliver(0, part)``
-turns the preview into the final first part (falling back to a new message when the
-edit fails, e.g. because someone deleted the preview); further parts are new messages.
-A lock orders every change to the preview, so a late preview edit can never overwrite
-the final text. ``discard`` deletes the preview; ``close`` stops typing.
+``edit_interval_s`` (first as a new message, then by editing it). Previews are a
+courtesy: the first push that fails in any way (an error status, a timeout, a dropped
+connection, an unreadable answer, "message can't be edited", a deleted preview, a 429)
+ends previewing for the run, and the preview is left as it is until the final answer.
+
+``deliver(0, part)`` turns a healthy preview into the final first part; when previews
+were given up, or that last edit fails, the part is sent as a new message and the old
+preview deleted, so the chat ends with the answer once and no partial copy. Further
+parts are new messages. A lock orders every change to the preview, so a late preview
+edit can never overwrite the final text. ``discard`` deletes the preview; ``close``
+stops typing.
+
+The preview's message id is kept in the store under the run id: a run retried after a
+crash (SIGKILL, node loss) adopts the previous attempt's preview, goes on editing it
+and finalizes or deletes it, instead of leaving a stale partial in the chat.
 """
 
 from __future__ import annotations
@@ -16,15 +26,18 @@ import time
 from collections.abc import Callable
 
 import structlog
-from telegram.error import BadRequest, TelegramError
+from telegram.error import TelegramError
 
 from agent.tasks import raise_if_cancelled
+from channels.base import KeyValue
+from channels.preview_memory import PreviewMemory
 from channels.telegram.redact import scrub
-from channels.telegram.send import ChatRef, TelegramSender
+from channels.telegram.send import ChatRef, MalformedAnswer, TelegramSender
 
 log = structlog.get_logger(__name__)
 
 TYPING_INTERVAL_S = 4.0  # the default of TelegramSettings.typing_interval_s
+PREVIEW_TIMEOUT_S = 5.0  # the default of TelegramSettings.preview_timeout_s
 
 
 class TelegramReplyStream:
@@ -39,6 +52,8 @@ class TelegramReplyStream:
         render_preview: Callable[[str], str],
         edit_interval_s: float = 1.0,
         typing_interval_s: float = TYPING_INTERVAL_S,
+        preview_timeout_s: float = PREVIEW_TIMEOUT_S,
+        kv: KeyValue | None = None,
     ) -> None:
         self.sender = sender
         self.chat = chat
@@ -46,7 +61,10 @@ class TelegramReplyStream:
         self.render_preview = render_preview
         self.edit_interval_s = edit_interval_s
         self.typing_interval_s = typing_interval_s
+        self.preview_timeout_s = preview_timeout_s
+        self.memory = PreviewMemory(kv, "telegram", run_id, str(chat.chat_id))
         self.preview_message_id: int | None = None
+        self.previews_failed = False  # a preview call failed: no more previews in this run
         self._latest: str | None = None
         self._pushed: str | None = None
         self._pushed_source: str | None = None
@@ -78,10 +96,18 @@ class TelegramReplyStream:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
+    async def _adopt(self) -> None:
+        """Take over the preview a previous attempt of this run left (caller holds the lock)."""
+        previous = await self.memory.recall()
+        if previous is not None and previous.isdigit() and self.preview_message_id is None:
+            self.preview_message_id = int(previous)
+            self._pushed = self._pushed_source = None
+            log.info("telegram.preview_adopted", run_id=self.run_id)
+
     # -- preview --------------------------------------------------------------------
 
     async def preview(self, text: str) -> None:
-        if self._final or self._closed or not text.strip():
+        if self._final or self._closed or self.previews_failed or not text.strip():
             return
         self._latest = text
         self._dirty.set()
@@ -97,13 +123,13 @@ class TelegramReplyStream:
                 await asyncio.sleep(wait)
             self._dirty.clear()
             async with self._lock:
-                if self._final or self._latest is None:
+                if self._final or self.previews_failed or self._latest is None:
                     return
                 await self._push(self._latest)
                 self._last_push = time.monotonic()
 
     async def _push(self, text: str) -> None:
-        """Show ``text`` in the preview message (caller holds the lock)."""
+        """Show ``text`` in the preview message (caller holds the lock); never raises."""
         if text == self._pushed_source:
             return
         self._pushed_source = text
@@ -115,19 +141,20 @@ class TelegramReplyStream:
         if not rendered.strip() or rendered == self._pushed:
             return
         try:
+            await self._adopt()
             if self.preview_message_id is None:
-                msg = await self.sender.send(self.chat, rendered, run_id=self.run_id)
+                msg = await self.sender.send(self.chat, rendered, run_id=self.run_id, once=True)
                 self.preview_message_id = msg.message_id
+                await self.memory.remember(str(msg.message_id))
             else:
-                try:
-                    await self.sender.edit(self.chat, self.preview_message_id, rendered, run_id=self.run_id)
-                except BadRequest as exc:
-                    log.info("telegram.preview_edit_failed", run_id=self.run_id, error=scrub(str(exc)))
-                    msg = await self.sender.send(self.chat, rendered, run_id=self.run_id)
-                    self.preview_message_id = msg.message_id
+                async with asyncio.timeout(self.preview_timeout_s):
+                    await self.sender.edit(self.chat, self.preview_message_id, rendered, run_id=self.run_id, once=True)
             self._pushed = rendered
-        except TelegramError as exc:
-            log.info("telegram.preview_failed", run_id=self.run_id, error=scrub(str(exc)))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # any failure: stop previewing, the final answer still goes out
+            self.previews_failed = True
+            log.info("telegram.preview_given_up", run_id=self.run_id, error=scrub(str(exc) or type(exc).__name__))
 
     async def _stop_previews(self) -> None:
         """No preview may change after this returns (caller holds the lock)."""
@@ -135,7 +162,7 @@ class TelegramReplyStream:
         task, self._flush_task = self._flush_task, None
         if task is not None and task is not asyncio.current_task():
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
 
     # -- final ------------------------------------------------------------------------
@@ -153,23 +180,56 @@ class TelegramReplyStream:
             return message_id
 
     async def _deliver_locked(self, index: int, part: str) -> str:
-        if index == 0 and self.preview_message_id is not None:
-            preview_id, self.preview_message_id = self.preview_message_id, None
-            try:
-                await self.sender.edit(self.chat, preview_id, part, run_id=self.run_id)
+        if index == 0:
+            await self._adopt()
+            preview_id = self.preview_message_id
+            if preview_id is not None and not self.previews_failed and await self._finalize_preview(preview_id, part):
+                self.preview_message_id = None
+                await self.memory.forget()
                 return str(preview_id)
-            except BadRequest as exc:
-                log.info("telegram.final_edit_failed", run_id=self.run_id, error=scrub(str(exc)))
-        msg = await self.sender.send(self.chat, part, run_id=self.run_id, reply=index == 0)
+        try:
+            return await self._send_part(index, part)
+        finally:  # sent or failed, a partial preview must not stay behind
+            await self._delete_preview()
+
+    async def _finalize_preview(self, preview_id: int, part: str) -> bool:
+        """Edit the preview into the final part; False (logged) when that failed in any way."""
+        try:
+            async with asyncio.timeout(self.preview_timeout_s):
+                await self.sender.edit(self.chat, preview_id, part, run_id=self.run_id, once=True)
+            return True
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.info("telegram.final_edit_failed", run_id=self.run_id, error=scrub(str(exc) or type(exc).__name__))
+            return False
+
+    async def _send_part(self, index: int, part: str) -> str:
+        try:
+            msg = await self.sender.send(self.chat, part, run_id=self.run_id, reply=index == 0)
+        except MalformedAnswer:
+            return ""  # Telegram said ok: the part went out, only its id is unknown
         return str(msg.message_id)
+
+    async def _delete_preview(self) -> None:
+        """Delete the preview (a stale partial once the answer is out); best effort."""
+        preview_id, self.preview_message_id = self.preview_message_id, None
+        if preview_id is None:
+            return
+        try:
+            deleted = await self.sender.delete(self.chat, preview_id, run_id=self.run_id)
+        except TelegramError as exc:
+            log.info("telegram.preview_delete_failed", run_id=self.run_id, error=scrub(str(exc)))
+            deleted = False
+        if deleted:
+            await self.memory.forget()
 
     async def discard(self) -> None:
         async with self._lock:
             await self._stop_previews()
             await self._stop_typing()
-            preview_id, self.preview_message_id = self.preview_message_id, None
-            if preview_id is not None:
-                await self.sender.delete(self.chat, preview_id, run_id=self.run_id)
+            await self._adopt()
+            await self._delete_preview()
 
     async def close(self) -> None:
         self._closed = True

@@ -294,10 +294,14 @@ async def test_telegram_down_is_retried_boundedly_while_slack_keeps_being_served
     finally:
         rig.tg._faults.pop("sendMessage", None)
     await rig.healthy()
-    # Telegram is back: the next message is answered (the lost reply stays lost: a part
-    # is sent at most once, and a failed send is not repeated).
+    # Telegram is back: the failed reply is delivered by the redelivery worker (once),
+    # and the next message is answered.
+    await eventually(lambda: count_mark(telegram_texts(rig.tg, user), "mkdown1") == 1, 20,
+                     f"the redelivered answer\n{rig.bot.log()[-3000:]}")
     await rig.telegram(user, "ssdown mkdown2 hello again")
     await eventually(lambda: count_mark(telegram_texts(rig.tg, user), "mkdown2") == 1, 10, "the next answer")
+    await asyncio.sleep(0.5)
+    assert count_mark(telegram_texts(rig.tg, user), "mkdown1") == 1
 
 
 async def test_slow_and_rate_limited_slack_does_not_hold_up_telegram(rig: Rig) -> None:

@@ -247,7 +247,8 @@ async def sched(tmp_path_factory: pytest.TempPathFactory, redis_url: str) -> Asy
             },
             "queue": {"debounce_ms": 0},
             "gateway": {"shutdown_grace_s": 2},
-            "security": {"cli_tools_file": str(tools)},
+            # The marker tool writes outside the workspace: tool processes may write only there.
+            "security": {"cli_tools_file": str(tools), "allowed_paths": [str(workspace), str(marker_dir)]},
             "heartbeat": {
                 "enabled": True,
                 "every": "30m",

@@ -7,7 +7,8 @@ built on it) runs against it unchanged:
   ``data: {chat.completion.chunk}\\n\\n`` … ``data: [DONE]\\n\\n``; a final usage chunk
   with ``"choices": []`` when ``stream_options.include_usage`` is set) and
   non-streaming (one ``chat.completion`` JSON object).
-* ``GET /v1/models`` — the model list (for health checks).
+* ``GET /v1/models`` — the model list (for health checks); ``FakeOpenAI(serve_models=False)``
+  answers 404 there, like the many compatible servers that have no such route.
 
 With ``FakeOpenAI(api_key="…")`` both answer 401 unless ``Authorization: Bearer …`` matches.
 
@@ -176,6 +177,7 @@ class FakeOpenAI:
         responder: Responder | None = None,
         api_key: str | None = None,
         models: Iterable[str] = ("gpt-4o-mini",),
+        serve_models: bool = True,
     ) -> None:
         self.host = host
         self.port = port
@@ -184,6 +186,7 @@ class FakeOpenAI:
         self.responder: Responder = responder or echo_last_user
         self.api_key = api_key
         self.models = list(models)
+        self.serve_models = serve_models
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         self.disconnects = EventCounter()
@@ -359,6 +362,8 @@ class FakeOpenAI:
         return resp
 
     async def _models(self, request: web.Request) -> web.Response:
+        if not self.serve_models:
+            return web.json_response({"error": {"message": "Not Found", "type": "not_found"}}, status=404)
         denied = self._unauthorized(request)
         if denied is not None:
             return denied

@@ -5,7 +5,9 @@ form-encoded or JSON bodies with Bearer auth, ``{"ok": …}`` answers, HTTP 429 
 ``Retry-After`` for ``ratelimited``, ``apps.connections.open`` returning a ws:// URL whose
 socket says ``hello``, carries envelopes and records the acks. Every call is recorded;
 faults are scripted per method. Helpers build Events API payloads and sign HTTP
-requests with the v0 scheme.
+requests with the v0 scheme. Any method can be made to fail in every way: an error
+with any HTTP status, a malformed answer, a connection dropped before or after the call
+took effect, a delay, or a seeded random mix of these (``chaos``).
 
     async with FakeSlack() as fake:
         settings = SlackSettings(bot_token=fake.bot_token, api_base_url=fake.api_url, ...)
@@ -27,6 +29,7 @@ from urllib.parse import urlencode
 
 from aiohttp import WSMsgType, web
 
+from tests.fakes.chaos import Chaos
 from tests.fakes.slack_files import SlackFileStore
 
 
@@ -44,6 +47,15 @@ class Fault:
     status: int = 200
     retry_after: float | None = None
     remaining: int = 1
+    kind: str = "error"  # error | malformed | drop | drop_after | hang
+    body: Any = None  # what a "malformed" fault answers (a str is sent as is)
+    hang_s: float = 0.0
+
+
+# The faults ``chaos`` draws from: what a flaky Slack (or a proxy in front of it) answers.
+CHAOS_KINDS = ("500", "503", "timeout", "drop", "drop_after", "malformed", "msg_too_long",
+               "message_not_found", "ratelimited")
+
 
 
 class FakeSlack(SlackFileStore):
@@ -74,6 +86,8 @@ class FakeSlack(SlackFileStore):
         self.socket_connections = 0
         self.refuse_sockets = False  # answer websocket upgrades with 503 while true
         self._faults: dict[str, list[Fault]] = {}
+        self._chaos = Chaos(CHAOS_KINDS)
+        self.dropped = 0  # connections closed without an answer
         self._ts = itertools.count(1)
         self._sockets: list[web.WebSocketResponse] = []
         self._changed: asyncio.Condition | None = None
@@ -116,6 +130,51 @@ class FakeSlack(SlackFileStore):
         """The next ``times`` calls of ``method`` answer 429 ``ratelimited`` with Retry-After."""
         self._faults.setdefault(method, []).append(Fault("ratelimited", 429, retry_after, times))
 
+    def malformed(self, method: str, body: Any = "<html>502 Bad Gateway</html>", *, times: int = 1) -> None:
+        """The next calls answer HTTP 200 with ``body`` (a JSON value, or a str sent as is)."""
+        self._faults.setdefault(method, []).append(Fault("", 200, None, times, kind="malformed", body=body))
+
+    def drop(self, method: str, *, times: int = 1, after_effect: bool = False) -> None:
+        """The next calls get their connection closed without an answer, before the call
+        took effect or (``after_effect``) after it did."""
+        kind = "drop_after" if after_effect else "drop"
+        self._faults.setdefault(method, []).append(Fault("", 0, None, times, kind=kind))
+
+    def hang(self, method: str, seconds: float, *, times: int = 1) -> None:
+        """The next calls take ``seconds`` longer, then answer normally."""
+        self._faults.setdefault(method, []).append(Fault("", 0, None, times, kind="hang", hang_s=seconds))
+
+    def chaos(
+        self, method: str, rate: float, *, kinds: tuple[str, ...] = CHAOS_KINDS, seed: int = 0, hang_s: float = 3.0
+    ) -> None:
+        """From now on a ``rate`` share of ``method`` calls fail, each in a way drawn from ``kinds``."""
+        self._chaos.set(method, rate, kinds, seed, hang_s)
+
+    def calm(self, method: str | None = None) -> None:
+        """Stop every scripted and random fault (of one method, or all)."""
+        self._chaos.clear(method)
+        if method is None:
+            self._faults.clear()
+        else:
+            self._faults.pop(method, None)
+
+    def _chaos_fault(self, method: str) -> Fault | None:
+        drawn = self._chaos.draw(method)
+        if drawn is None:
+            return None
+        kind, hang_s = drawn
+        if kind in ("500", "503"):
+            return Fault("internal_error" if kind == "500" else "service_unavailable", int(kind))
+        if kind == "timeout":
+            return Fault("", 0, kind="hang", hang_s=hang_s)
+        if kind in ("drop", "drop_after"):
+            return Fault("", 0, kind=kind)
+        if kind == "malformed":
+            return Fault("", 200, kind="malformed", body="<html>502 Bad Gateway</html>")
+        if kind == "ratelimited":
+            return Fault("ratelimited", 429, retry_after=1)
+        return Fault(kind)
+
     def calls_to(self, method: str) -> list[ApiCall]:
         return [c for c in self.calls if c.method == method]
 
@@ -135,7 +194,7 @@ class FakeSlack(SlackFileStore):
             self._changed.notify_all()
 
     # -- Web API ----------------------------------------------------------------------
-    async def _api(self, request: web.Request) -> web.Response:
+    async def _api(self, request: web.Request) -> web.StreamResponse:
         method = request.match_info["method"]
         args: dict[str, Any] = dict(request.query)
         if request.method == "POST" and request.can_read_body:
@@ -159,7 +218,16 @@ class FakeSlack(SlackFileStore):
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         fault = self._take_fault(method)
-        if fault is not None:
+        if fault is not None and fault.kind == "hang":
+            await asyncio.sleep(fault.hang_s)
+            fault = None
+        if fault is not None and fault.kind == "drop":
+            return await self._drop(request)
+        if fault is not None and fault.kind == "malformed":
+            if isinstance(fault.body, str):
+                return web.Response(text=fault.body, content_type="text/html")
+            return web.json_response(fault.body)
+        if fault is not None and fault.kind == "error":
             headers = {"Retry-After": str(int(fault.retry_after))} if fault.retry_after is not None else {}
             return web.json_response(
                 {"ok": False, "error": fault.error}, status=fault.status, headers=headers
@@ -173,12 +241,22 @@ class FakeSlack(SlackFileStore):
         if handler is None:
             return web.json_response({"ok": False, "error": "unknown_method"}, status=404)
         result: dict[str, Any] = handler(args)
+        if fault is not None and fault.kind == "drop_after":
+            return await self._drop(request)
         return web.json_response(result)
+
+    async def _drop(self, request: web.Request) -> web.StreamResponse:
+        """Close the connection without an answer (the client sees a dropped connection)."""
+        self.dropped += 1
+        if request.transport is not None:
+            request.transport.abort()
+        await self._notify()
+        return web.Response(status=500)  # never reaches the client
 
     def _take_fault(self, method: str) -> Fault | None:
         queue = self._faults.get(method)
         if not queue:
-            return None
+            return self._chaos_fault(method)
         fault = queue[0]
         fault.remaining -= 1
         if fault.remaining <= 0:

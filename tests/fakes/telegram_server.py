@@ -6,7 +6,9 @@ answers ``{"ok": true, "result": ...}`` with realistic Message/User/Chat objects
 errors ``{"ok": false, "error_code", "description", "parameters"}`` with the HTTP status
 Telegram uses. It long-polls getUpdates with offset confirmation and the 409 conflicts
 Telegram raises, validates HTML like Telegram does, records every call, and can inject
-faults and latency.
+faults and latency: error answers with any status, malformed ``ok: true`` answers,
+connections dropped before or after the call took effect, delays, and a seeded random
+mix of all of these (``chaos``).
 
     async with FakeTelegram() as fake:
         bot = telegram.Bot(fake.token, base_url=fake.base_url)
@@ -27,6 +29,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from tests.fakes.chaos import Chaos
 from tests.fakes.telegram_files import FileStore, Upload
 from tests.fakes.telegram_html import TelegramHTMLError, parse_telegram_html
 from tests.fakes.telegram_updates import SentMessage, UpdateBuilder, auto_entities, utf16_len
@@ -85,6 +88,15 @@ class Fault:
     retry_after: int | None = None
     times: int = 1
     hang_s: float = 0.0
+    kind: str = "error"  # error | malformed | drop | drop_after
+    body: Any = None  # the JSON answered by a "malformed" fault
+
+
+# The faults ``chaos`` draws from: what a flaky Bot API (or a proxy in front of it) answers.
+CHAOS_KINDS = ("500", "502", "timeout", "drop", "drop_after", "malformed", "cant_edit", "not_found", "429")
+CANT_EDIT = "Bad Request: message can't be edited"
+EDIT_NOT_FOUND = "Bad Request: message to edit not found"
+
 
 
 @dataclass
@@ -120,6 +132,9 @@ class FakeTelegram(FileStore, UpdateBuilder):
         self.reactions: list[dict[str, Any]] = []
         self.reject_html: list[str] = []  # HTML containing one of these fails to parse
         self._faults: dict[str, list[Fault]] = {}
+        self._chaos = Chaos(CHAOS_KINDS)
+        self.ignore_poll_timeout = False  # getUpdates answers at once, as some proxies do
+        self.dropped = 0  # connections closed without an answer
         self._updates: list[dict[str, Any]] = []
         self._next_update_id = 500_000
         self._next_message_id: dict[int, int] = {}
@@ -205,10 +220,55 @@ class FakeTelegram(FileStore, UpdateBuilder):
         """The next calls of ``method`` take ``seconds`` before answering normally."""
         self._faults.setdefault(method, []).append(Fault(0, "", None, times, hang_s=seconds))
 
+    def malformed_next(self, method: str, body: Any = None, *, times: int = 1) -> None:
+        """The next calls answer HTTP 200 with ``body`` (default ``{"ok": true, "result": null}``)."""
+        answer = {"ok": True, "result": None} if body is None else body
+        self._faults.setdefault(method, []).append(Fault(200, "", None, times, kind="malformed", body=answer))
+
+    def drop_next(self, method: str, *, times: int = 1, after_effect: bool = False) -> None:
+        """The next calls get their connection closed without an answer, before the call
+        took effect or (``after_effect``) after it did, as when a proxy or the network fails."""
+        kind = "drop_after" if after_effect else "drop"
+        self._faults.setdefault(method, []).append(Fault(0, "", None, times, kind=kind))
+
+    def chaos(
+        self, method: str, rate: float, *, kinds: tuple[str, ...] = CHAOS_KINDS, seed: int = 0, hang_s: float = 3.0
+    ) -> None:
+        """From now on a ``rate`` share of ``method`` calls fail, each in a way drawn from ``kinds``
+        (see ``CHAOS_KINDS``; "timeout" hangs ``hang_s`` and then answers normally)."""
+        self._chaos.set(method, rate, kinds, seed, hang_s)
+
+    def calm(self, method: str | None = None) -> None:
+        """Stop every scripted and random fault (of one method, or all)."""
+        self._chaos.clear(method)
+        if method is None:
+            self._faults.clear()
+        else:
+            self._faults.pop(method, None)
+
+    def _chaos_fault(self, method: str) -> Fault | None:
+        drawn = self._chaos.draw(method)
+        if drawn is None:
+            return None
+        kind, hang_s = drawn
+        if kind in ("500", "502"):
+            return Fault(int(kind), "Internal Server Error" if kind == "500" else "Bad Gateway")
+        if kind == "timeout":
+            return Fault(0, "", hang_s=hang_s)
+        if kind in ("drop", "drop_after"):
+            return Fault(0, "", kind=kind)
+        if kind == "malformed":
+            return Fault(200, "", kind="malformed", body={"ok": True, "result": None})
+        if kind == "cant_edit":
+            return Fault(400, CANT_EDIT)
+        if kind == "not_found":
+            return Fault(400, EDIT_NOT_FOUND)
+        return Fault(429, "Too Many Requests: retry after 1", retry_after=1)
+
     def _take_fault(self, method: str) -> Fault | None:
         queue = self._faults.get(method)
         if not queue:
-            return None
+            return self._chaos_fault(method)
         fault = queue[0]
         fault.times -= 1
         if fault.times <= 0:
@@ -281,7 +341,7 @@ class FakeTelegram(FileStore, UpdateBuilder):
 
     # -- the HTTP side ------------------------------------------------------------------------
 
-    async def _handle(self, request: web.Request) -> web.Response:
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
         method = request.match_info["method"]
         try:
             params = await _read_params(request)
@@ -301,8 +361,13 @@ class FakeTelegram(FileStore, UpdateBuilder):
         if delay:
             with contextlib.suppress(TimeoutError):  # a stopping server ends the wait early
                 await asyncio.wait_for(self._closed.wait(), delay)
+        if fault is not None and fault.kind == "drop":
+            return await self._drop(request, call)
+        if fault is not None and fault.kind == "malformed":
+            await self._notify()
+            return web.json_response(fault.body)
         try:
-            if fault is not None:
+            if fault is not None and fault.kind == "error":
                 raise ApiError(fault.code, fault.description, fault.retry_after)
             handler = getattr(self, f"_m_{method}", None)
             if handler is None:
@@ -312,8 +377,19 @@ class FakeTelegram(FileStore, UpdateBuilder):
             call.status = err.code
             await self._notify()
             return _error(err.code, err.description, err.retry_after)
+        if fault is not None and fault.kind == "drop_after":
+            return await self._drop(request, call)
         await self._notify()
         return web.json_response({"ok": True, "result": result})
+
+    async def _drop(self, request: web.Request, call: Call) -> web.StreamResponse:
+        """Close the connection without an answer (the client sees a dropped connection)."""
+        call.status = 0
+        self.dropped += 1
+        if request.transport is not None:
+            request.transport.abort()
+        await self._notify()
+        return web.Response(status=500)  # never reaches the client
 
     # -- methods --------------------------------------------------------------------------------
 
@@ -334,7 +410,7 @@ class FakeTelegram(FileStore, UpdateBuilder):
         if offset:
             self._updates = [u for u in self._updates if u["update_id"] >= offset]
         limit = int(p.get("limit") or 100)
-        timeout = float(p.get("timeout") or 0)
+        timeout = 0.0 if self.ignore_poll_timeout else float(p.get("timeout") or 0)
         allowed = p.get("allowed_updates") or None
         deadline = time.monotonic() + timeout
         try:

@@ -54,7 +54,10 @@ def make_config(
     """A config for one test; ``sections`` override keys per section, e.g.
     ``queue={"mode": "followup"}``."""
     data: dict[str, dict[str, Any]] = {
-        "agent": {"id": AGENT_ID, "workspace": str(tmp_path / workspace), "max_iterations": 5},
+        # One shared directory: these tests look at the files tools leave in the workspace
+        # (per-session directories are tested with the sandbox in tests/security).
+        "agent": {"id": AGENT_ID, "workspace": str(tmp_path / workspace), "max_iterations": 5,
+                  "workspace_scope": "shared"},
         "llm": {
             "base_url": fake.base_url,
             "api_key": "test-key",

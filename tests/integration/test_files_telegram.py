@@ -49,6 +49,18 @@ async def test_photo_with_caption_reaches_the_model_as_a_file(tmp_path: Path, re
         assert get_file.params["file_id"] == media["photo"][1]["file_id"]
 
 
+async def test_files_go_to_the_inbox_of_the_users_own_directory(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
+    async with FakeOpenAI() as llm, telegram_daemon(
+        tmp_path, llm, redis_url, redis_prefix, agent={"workspace_scope": "user"}
+    ) as (tg, daemon):
+        llm.script(Reply.text("ok"))
+        tg.push_message(tg.private_message(USER, media=tg.document_media(b"1,2\n", "a.csv", "text/csv")))
+        await llm.wait_for_requests(1, timeout_s=10)
+        [(path, _mime, _size)] = LINE.findall(last_user_text(llm.requests[0]))
+        assert Path(path).parent == daemon.cfg.workspace / "users" / f"telegram-{USER}" / "inbox"
+        assert read(path) == b"1,2\n"
+
+
 @pytest.mark.parametrize(
     ("kind", "fields", "mime", "suffix"),
     [

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
+
+import psutil
 
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.fakes.recording_channel import RecordingChannel
@@ -18,6 +21,14 @@ from tests.integration.gateway_harness import (
 )
 
 LONG_ANSWER = "This answer streams slowly, word by word, and it goes on for quite a while. " * 4
+
+
+def _sleeper(marker: str) -> int | None:
+    """The host pid of the ``sleep <marker>`` a tool started."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if (proc.info["cmdline"] or [])[-1:] == [marker]:
+            return int(proc.pid)
+    return None
 
 
 def _alive(pid: int) -> bool:
@@ -61,15 +72,16 @@ async def test_stop_during_a_tool_kills_its_process(
     tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> None:
     async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
-        pid_file = bot.cfg.workspace / "tool.pid"
+        # $$ is a pid inside the tool's own PID namespace: find the process by its command line instead.
+        marker = f"30.{os.getpid()}{uuid.uuid4().int % 10**6}"
         fake.script(
-            Reply.tool_calls([Call("bash", {"command": "echo $$ > tool.pid; exec sleep 30"})]),
+            Reply.tool_calls([Call("bash", {"command": f"exec sleep {marker}"})]),
             Reply.text("should never be asked for"),
         )
         await bot.send("run something slow")
-        await wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), what="the tool to start")
-        pid = int(pid_file.read_text())
-        assert _alive(pid)
+        await wait_until(lambda: _sleeper(marker) is not None, what="the tool to start")
+        pid = _sleeper(marker)
+        assert pid is not None and _alive(pid)
         await bot.send("/stop")
         await wait_until(lambda: not _alive(pid), timeout=10, what="the tool's process to die")
         await bot.wait_idle()

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import redis.asyncio as aioredis
@@ -17,7 +18,7 @@ from bot.gateway.signals import Broadcast
 from bot.store.keys import Keys
 from scheduler.cron_commands import CronAddOptions, cron_add, cron_run_now, wait_for_run
 from scheduler.cron_tool import CronTool
-from scheduler.jobs import CronJob
+from scheduler.jobs import CronJob, apply_run
 from scheduler.ports import JobTarget
 from scheduler.schedules import AtSchedule, EverySchedule, utc_now
 from scheduler.service import SchedulerService
@@ -127,7 +128,7 @@ async def test_a_job_added_elsewhere_is_scheduled_by_every_replica(
         lambda: a.next_fire_time(job_id) is not None and b.next_fire_time(job_id) is not None, 2
     )
     upcoming = a.next_fire_time(job_id)
-    assert upcoming is not None and upcoming.strftime("%a %H:%M") == "Sun 09:00"
+    assert upcoming is not None and upcoming.astimezone(ZoneInfo("Europe/Berlin")).strftime("%a %H:%M") == "Sun 09:00"
     await store.update(job_id, lambda j: j.model_copy(update={"enabled": False}))
     assert await wait_until(lambda: a.next_fire_time(job_id) is None and b.next_fire_time(job_id) is None, 2)
     await store.update(job_id, lambda j: j.model_copy(update={"enabled": True}))
@@ -342,11 +343,38 @@ async def test_run_now_in_process_and_backoff_reschedules_everywhere(
     record = await a.run_now(job_id)
     assert record.run_status == "error" and record.error == "model down"
     job = await a.store.get(job_id)
-    assert job is not None and job.failure_streak == 1 and job.not_before is not None
-    floor = job.not_before
+    # A manual run counts in the streak but never sets a back-off floor.
+    assert job is not None and job.failure_streak == 1 and job.not_before is None
+    # A failed scheduled fire does, and every replica reschedules after it.
+    scheduled = record.model_copy(update={"trigger": "schedule", "request_id": None})
+    updated = await a.store.update(job_id, lambda current: apply_run(current, scheduled).job)
+    assert updated is not None and updated.not_before is not None
+    floor = updated.not_before
     assert await wait_until(
         lambda: all((t := s.next_fire_time(job_id)) is not None and t >= floor for s in (a, b)), 2
     )
+
+
+async def test_failed_run_now_never_moves_a_one_shot_earlier(
+    replicas: Factory, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    # A reminder in 20 minutes whose manual run fails (its channel is off) still fires in 20 minutes.
+    failing = RecordingRunner(status="error", error="telegram is not enabled")
+    a, _ = await replicas(runner=failing)
+    b, _ = await replicas()
+    job_id = await cron_add(a.store, CronAddOptions(prompt="p", channel="telegram", chat_id="5", in_="20m"))
+    job = await a.store.get(job_id)
+    assert job is not None and isinstance(job.schedule, AtSchedule)
+    due = job.schedule.at
+    assert await wait_until(lambda: all(s.next_fire_time(job_id) == due for s in (a, b)), 2)
+    record = await a.run_now(job_id)
+    assert record.run_status == "error"
+    after = await a.store.get(job_id)
+    assert after is not None and after.enabled and after.failure_streak == 1
+    assert after.next_run_at(utc_now()) == due
+    await asyncio.sleep(0.3)  # the change has reached both replicas
+    assert all(s.next_fire_time(job_id) == due for s in (a, b))
+    assert len(failing.requests) == 1
 
 
 async def test_cron_tool_from_a_chat_to_a_delivered_run(

@@ -28,7 +28,7 @@ def _workspace(tmp_path: Path) -> Path:
 
 
 def _server_running(paths: EmbeddedPaths) -> bool:
-    reply = probe(paths.socket)
+    reply = probe(paths.socket, paths.password.read_text().strip())
     return reply is not None and reply.startswith(b"+PONG")
 
 
@@ -260,7 +260,8 @@ async def test_ping_is_false_once_the_server_is_gone(tmp_path: Path) -> None:
     ws = _workspace(tmp_path)
     handle = await open_redis(RedisConfig(), ws)
     assert await handle.ping()
-    await asyncio.to_thread(send_shutdown, EmbeddedPaths.for_workspace(ws).socket)
+    paths = EmbeddedPaths.for_workspace(ws)
+    await asyncio.to_thread(send_shutdown, paths.socket, paths.password.read_text().strip())
     assert not await handle.ping(timeout_s=3)
     await handle.close()  # stopping an already stopped server is not an error
 

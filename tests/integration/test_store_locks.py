@@ -118,7 +118,8 @@ async def test_on_lost_fires_when_redis_is_unreachable_for_a_ttl(tmp_path: Path)
         lost = asyncio.Event()
         lock = SessionLock(handle.client, handle.keys, SK, ttl_s=TTL, on_lost=lost.set)
         await lock.acquire()
-        await asyncio.to_thread(send_shutdown, EmbeddedPaths.for_workspace(ws).socket)
+        paths = EmbeddedPaths.for_workspace(ws)
+        await asyncio.to_thread(send_shutdown, paths.socket, paths.password.read_text().strip())
         await asyncio.wait_for(lost.wait(), timeout=15)
         assert not lock.is_held
         assert await lock.release() is False  # logged, not raised

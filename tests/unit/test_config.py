@@ -63,6 +63,8 @@ def test_botd_config_env_names_the_file(tmp_path: Path, monkeypatch: pytest.Monk
         ("agent: {colour: blue}", "agent.colour"),
         ("telegram: {enabled: true}", "telegram"),
         ("slack: {enabled: true, bot_token: x, mode: http}", "slack"),
+        ("slack: {dm_policy: everyone}", "slack.dm_policy"),
+        ("telegram: {dm_policy: strangers}", "telegram.dm_policy"),
     ],
 )
 def test_bad_values_name_the_key(tmp_path: Path, yaml_text: str, key: str) -> None:
@@ -71,6 +73,13 @@ def test_bad_values_name_the_key(tmp_path: Path, yaml_text: str, key: str) -> No
     with pytest.raises(ConfigError) as info:
         load_config(path)
     assert key in str(info.value)
+
+
+def test_pairing_is_a_dm_policy_of_both_platforms(tmp_path: Path) -> None:
+    path = tmp_path / "botd.yaml"
+    path.write_text("telegram: {dm_policy: pairing}\nslack: {dm_policy: pairing}\n")
+    cfg = load_config(path)
+    assert (cfg.telegram.dm_policy, cfg.slack.dm_policy) == ("pairing", "pairing")
 
 
 def test_unknown_guard_action_falls_back_to_warn(tmp_path: Path) -> None:

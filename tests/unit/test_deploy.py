@@ -355,7 +355,8 @@ def test_systemd_unit_sandboxing() -> None:
         "LockPersonality": "yes",
         "RestrictRealtime": "yes",
         "RestrictSUIDSGID": "yes",
-        "RestrictNamespaces": "yes",
+        # The tool sandbox needs exactly these namespaces (bubblewrap), nothing more.
+        "RestrictNamespaces": "user pid net ipc uts mnt",
         "SystemCallArchitectures": "native",
     }
     for key, value in expected.items():
@@ -597,3 +598,52 @@ def test_deploy_readme_explains_every_file() -> None:
     assert ".dockerignore" in readme
     top = (REPO / "README.md").read_text(encoding="utf-8")
     assert "## Deployment and scale-out" in top
+
+
+# ---- pinned versions, the Slack manifest, systemd's workspace -----------------------------
+
+
+def constraints() -> dict[str, str]:
+    pins: dict[str, str] = {}
+    for line in (DEPLOY / "constraints.txt").read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, sep, version = line.partition("==")
+            assert sep and version, f"not an exact pin: {line}"
+            pins[re.sub(r"[-_.]+", "-", name).lower()] = version
+    return pins
+
+
+def test_constraints_pin_every_runtime_dependency_inside_its_range() -> None:
+    from packaging.requirements import Requirement
+
+    pins = constraints()
+    assert "botd" not in pins, "the project itself is not pinned"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    for spec in project["project"]["dependencies"]:
+        req = Requirement(spec)
+        name = re.sub(r"[-_.]+", "-", req.name).lower()
+        assert name in pins, f"{req.name} has no pin in deploy/constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} outside {spec}"
+    run = " ".join(rest for word, rest in dockerfile_instructions() if word == "RUN")
+    assert "-c /tmp/constraints.txt" in run
+
+
+def test_slack_manifest_matches_what_botd_handles() -> None:
+    (manifest,) = docs(DEPLOY / "slack-app-manifest.yaml")
+    scopes = set(manifest["oauth_config"]["scopes"]["bot"])
+    assert {"app_mentions:read", "im:history", "chat:write", "reactions:write", "commands"} <= scopes
+    assert {"app_mention", "message.im"} <= set(manifest["settings"]["event_subscriptions"]["bot_events"])
+    assert [c["command"] for c in manifest["features"]["slash_commands"]] == ["/botd"]
+    assert manifest["settings"]["socket_mode_enabled"] is True
+    assert manifest["settings"]["interactivity"]["is_enabled"] is True
+    text = (DEPLOY / "slack-app-manifest.yaml").read_text(encoding="utf-8")
+    assert text.count(f"example.com{BotdConfig().slack.events_path}") == 3  # the HTTP variant's URLs
+
+
+def test_systemd_workspace_is_in_a_writable_path() -> None:
+    sections = unit()
+    env = dict(v.split("=", 1) for k, v in sections["Service"] if k == "Environment")
+    workspace = env["BOTD_AGENT__WORKSPACE"]
+    writable = {p.lstrip("-") for p in service()["ReadWritePaths"].split()}
+    assert any(workspace == w or workspace.startswith(w + "/") for w in writable), workspace

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -53,6 +53,36 @@ def test_window_is_read_in_its_timezone() -> None:
     assert window.contains(datetime(2027, 7, 1, 7, 30, tzinfo=UTC))
     assert not window.contains(datetime(2027, 1, 15, 7, 30, tzinfo=UTC))
     assert window.describe() == "09:00-22:00 Europe/Berlin"
+
+
+def active_fires(window: ActiveHours, start: datetime, end: datetime, every: timedelta) -> list[str]:
+    """UTC HH:MM of the heartbeat grid points inside the window."""
+    out, at = [], start
+    while at < end:
+        if window.contains(at):
+            out.append(at.strftime("%H:%M"))
+        at += every
+    return out
+
+
+def test_active_hours_follow_the_wall_clock_across_offset_changes() -> None:
+    half_hour = timedelta(minutes=30)
+    # Berlin falls back on 2025-10-26 (03:00 CEST -> 02:00 CET): 02:xx happens twice, both count.
+    autumn = ActiveHours.parse("01:00-03:00", "Europe/Berlin")
+    fires = active_fires(autumn, datetime(2025, 10, 25, 22, tzinfo=UTC), datetime(2025, 10, 26, 3, tzinfo=UTC), half_hour)
+    assert fires == ["23:00", "23:30", "00:00", "00:30", "01:00", "01:30"]  # three real hours
+    # Spring (2025-03-30, 02:00 CET -> 03:00 CEST): the skipped hour never happens, the window goes on.
+    spring = ActiveHours.parse("01:00-03:30", "Europe/Berlin")
+    fires = active_fires(spring, datetime(2025, 3, 29, 23, tzinfo=UTC), datetime(2025, 3, 30, 3, tzinfo=UTC), half_hour)
+    assert fires == ["00:00", "00:30", "01:00"]
+    # Santiago has no midnight on 2025-09-07: a window across midnight is not cut short.
+    night = ActiveHours.parse("22:00-06:00", "America/Santiago")
+    fires = active_fires(night, datetime(2025, 9, 7, 1, tzinfo=UTC), datetime(2025, 9, 7, 10, tzinfo=UTC), timedelta(hours=1))
+    assert fires == ["02:00", "03:00", "04:00", "05:00", "06:00", "07:00", "08:00"]
+    # Lord Howe falls back by 30 minutes (02:00 -> 01:30 on 2025-04-06): both passes of 01:30-02:00.
+    twice = ActiveHours.parse("01:30-02:00", "Australia/Lord_Howe")
+    fires = active_fires(twice, datetime(2025, 4, 5, 13, tzinfo=UTC), datetime(2025, 4, 5, 17, tzinfo=UTC), timedelta(minutes=15))
+    assert fires == ["14:30", "14:45", "15:00", "15:15"]
 
 
 @pytest.mark.parametrize(

@@ -103,11 +103,12 @@ def test_skipped_run_leaves_the_streak_alone() -> None:
 
 def test_one_shot_lifecycle() -> None:
     assert apply_run(one_shot(), record("ok")).remove
-    failed = apply_run(one_shot(), record("error"))
+    due = NOW + timedelta(minutes=10)
+    failed = apply_run(one_shot(), record("error", at=due))
     assert not failed.remove and failed.job.enabled
-    assert failed.job.not_before == NOW + timedelta(seconds=30)
+    assert failed.job.not_before == due + timedelta(seconds=30)
     # The retry is a fire at the back-off time.
-    assert failed.job.next_run_at(NOW) == NOW + timedelta(seconds=30)
+    assert failed.job.next_run_at(due) == due + timedelta(seconds=30)
     skipped = apply_run(one_shot(), record("skipped"))
     assert not skipped.remove and not skipped.job.enabled and "skipped" in (skipped.job.disabled_reason or "")
     # A manual run does not consume the one-shot.

@@ -21,7 +21,7 @@ from scheduler.cron_commands import (
     wait_for_run,
 )
 from scheduler.fires import cron_run_request
-from scheduler.jobs import DuplicateJobError, InvalidJobError, JobNotFoundError
+from scheduler.jobs import DuplicateJobError, InvalidJobError, JobNotFoundError, SchedulerNotRunningError
 from scheduler.schedules import CronError, ScheduleError
 from scheduler.store import JobStore, RunLedger
 
@@ -126,12 +126,20 @@ async def test_add_duplicate_id(redis_client: aioredis.Redis, redis_prefix: str)
 async def test_remove_and_run_now(redis_client: aioredis.Redis, redis_prefix: str) -> None:
     store = JobStore(redis_client, Keys(redis_prefix))
     job_id = await cron_add(store, options(every="1h"), clock=clock)
-    request_id = await cron_run_now(store, job_id, clock=clock)
-    queued = await store.run_now_queue.pop()
-    assert queued is not None and (queued.job_id, queued.request_id) == (job_id, request_id)
-    assert await cron_run_now(store, "heartbeat", clock=clock)
-    with pytest.raises(JobNotFoundError, match="no cron job with id 'nope'"):
-        await cron_run_now(store, "nope", clock=clock)
+    with pytest.raises(SchedulerNotRunningError, match="no running daemon .* nothing was requested"):
+        await cron_run_now(store, job_id, clock=clock)
+    assert await store.run_now_queue.pending() == 0
+    daemon = redis_client.pubsub()  # what a running scheduler holds
+    await daemon.subscribe(store.changes_channel)
+    try:
+        request_id = await cron_run_now(store, job_id, clock=clock)
+        queued = await store.run_now_queue.pop()
+        assert queued is not None and (queued.job_id, queued.request_id) == (job_id, request_id)
+        assert await cron_run_now(store, "heartbeat", clock=clock)
+        with pytest.raises(JobNotFoundError, match="no cron job with id 'nope'"):
+            await cron_run_now(store, "nope", clock=clock)
+    finally:
+        await daemon.aclose()
     await cron_remove(store, job_id)
     with pytest.raises(JobNotFoundError):
         await cron_remove(store, job_id)

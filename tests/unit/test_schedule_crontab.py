@@ -114,11 +114,11 @@ def test_repeated_hour_fires_once_for_fixed_hour_jobs_but_hourly_jobs_keep_both(
     assert [f.astimezone(BERLIN).strftime("%H:%M") for f in hourly] == ["02:30", "02:30", "03:30"]
 
 
-def test_skipped_hour_runs_at_the_same_instant_shifted() -> None:
-    got = fires(parse_crontab("30 2 * * *").trigger(BERLIN), datetime(2027, 3, 27, 12, tzinfo=UTC), 2)
-    # 02:30 does not exist on the 28th: the fire is at 01:30 UTC, which reads 03:30 CEST.
-    assert got[0].astimezone(UTC).strftime("%d %H:%M") == "28 01:30"
-    assert [f.astimezone(BERLIN).strftime("%d %H:%M") for f in got] == ["28 03:30", "29 02:30"]
+def test_fixed_time_in_the_spring_gap_runs_once_at_the_jump() -> None:
+    got = fires(parse_crontab("15,45 2 * * *").trigger(BERLIN), datetime(2027, 3, 27, 12, tzinfo=UTC), 3)
+    # 02:15 and 02:45 do not exist on the 28th: one fire when the clocks jump to 03:00 CEST.
+    assert got[0].astimezone(UTC).strftime("%d %H:%M") == "28 01:00"
+    assert [f.astimezone(BERLIN).strftime("%d %H:%M") for f in got] == ["28 03:00", "29 02:15", "29 02:45"]
 
 
 @pytest.mark.parametrize(
@@ -142,6 +142,8 @@ def test_skipped_hour_runs_at_the_same_instant_shifted() -> None:
         ("0 0 31 4,6 *", "never fires"),
         ("@reboot", "unknown macro '@reboot'"),
         ("0 9 * * L", "day-of-week value 'L'"),
+        ("\u0663 * * * *", "minute value .* not a number"),
+        ("00000000005 * * * *", "minute value .* not a number"),
     ],
 )
 def test_bad_expressions_name_the_field(expr: str, message: str) -> None:

@@ -8,7 +8,7 @@ import pytest
 from telegram import Update
 
 from agent.types import Attachment
-from channels.telegram.intake import Access, BotIdentity, Ignored, Inbound, normalize_update
+from channels.telegram.intake import DM_NOT_ALLOWED, Access, BotIdentity, Ignored, Inbound, normalize_update
 from channels.telegram.settings import TelegramSettings
 from tests.fakes.telegram_server import FakeTelegram
 
@@ -53,6 +53,17 @@ def test_dm_from_allowlisted_user(fake: FakeTelegram) -> None:
     got = inbound(upd(fake, msg), allow_from=("42",))
     assert (got.scope, got.chat_id, got.user_id, got.text) == ("dm", "42", "42", "hello there")
     assert got.topic_id is None and got.message_id == str(msg["message_id"]) and got.user_name == "Ann"
+
+
+def test_pairing_denies_a_stranger_until_the_adapter_lists_the_approved_user(fake: FakeTelegram) -> None:
+    msg = fake.private_message(42, "hello", first_name="Ann")
+    access = Access(settings(dm_policy="pairing", allow_from=("7",)))
+    stranger = normalize_update(Update.de_json(upd(fake, msg), None), ME, access)
+    assert isinstance(stranger, Ignored) and stranger.reason == DM_NOT_ALLOWED and stranger.unauthorized
+    paired = access.with_user("42")
+    assert isinstance(normalize_update(Update.de_json(upd(fake, msg), None), ME, paired), Inbound)
+    assert not access.user_listed_id("42", None)  # the original access is unchanged
+    assert paired.user_listed_id("7", None)
 
 
 def test_dm_allowlist_by_username_case_insensitive(fake: FakeTelegram) -> None:

@@ -1,0 +1,127 @@
+"""A reply part that still fails after its immediate retries is delivered later, once;
+after the bounded window it is given up, counted, and the chat told once."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from agent.types import TelegramChat
+from bot import metrics
+from bot.gateway.redelivery import UNDELIVERED_TEXT, Redelivery
+from bot.gateway.reply import DeliveryLedger, Reply
+from bot.store.keys import Keys
+from channels.base import Target
+from channels.telegram.adapter import TelegramChannel
+from tests.fakes.telegram_context import TelegramHarness
+
+pytestmark = pytest.mark.timeout(60)
+
+DM = Target(channel="telegram", chat_id="42", reply_to="7", chat=TelegramChat(chat_type="private"))
+SEND_ATTEMPTS = 2  # immediate tries of one send
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def h(redis_client: aioredis.Redis, redis_prefix: str) -> AsyncIterator[TelegramHarness]:
+    async with TelegramHarness(redis_client, redis_prefix) as harness:
+        yield harness
+
+
+@pytest.fixture
+async def ch(h: TelegramHarness) -> TelegramChannel:
+    return await h.channel(tuning={"send_attempts": SEND_ATTEMPTS})
+
+
+@pytest.fixture
+def ledger(redis_client: aioredis.Redis, redis_prefix: str) -> DeliveryLedger:
+    return DeliveryLedger(redis_client, redis_prefix)
+
+
+def redelivery(redis_client: aioredis.Redis, prefix: str, ch: TelegramChannel, ledger: DeliveryLedger,
+               clock: Clock) -> Redelivery:
+    """One replica's worker (a new one stands for a restarted or another replica)."""
+    return Redelivery(redis_client, Keys(prefix), {"telegram": ch}, ledger, max_age_s=60, first_delay_s=5,
+                      max_delay_s=20, clock=clock)
+
+
+def texts(h: TelegramHarness) -> list[str]:
+    return [m.text for m in h.fake.sent_messages(42)]
+
+
+async def fail_a_reply(ch: TelegramChannel, ledger: DeliveryLedger, worker: Redelivery, run_id: str) -> None:
+    reply = Reply(ch, DM, run_id, ledger, kind="chat", previews=False, redelivery=worker)
+    assert await reply.finish("The answer") == "failed"
+
+
+async def test_a_failed_part_is_delivered_later_once_by_whichever_replica_is_up(
+    h: TelegramHarness, ch: TelegramChannel, ledger: DeliveryLedger, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    clock = Clock()
+    first = redelivery(redis_client, redis_prefix, ch, ledger, clock)
+    h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
+    await fail_a_reply(ch, ledger, first, "run-later")
+    assert texts(h) == []
+    assert await first.run_due() == 0  # not due yet
+    assert (await ledger.states("run-later"))["0"].startswith("failed:")
+
+    # The replica that failed is gone; two others race for the due part.
+    clock.now += 6
+    a = redelivery(redis_client, redis_prefix, ch, ledger, clock)
+    b = redelivery(redis_client, redis_prefix, ch, ledger, clock)
+    handled = await asyncio.gather(a.run_due(), b.run_due())
+    assert sorted(handled) == [0, 1]
+    assert texts(h) == ["The answer"]
+    assert (await ledger.states("run-later"))["0"].startswith("sent:")
+    clock.now += 600
+    assert await a.run_due() == 0 and await a.pending() == 0
+    assert texts(h) == ["The answer"]
+
+
+async def test_a_part_failing_for_the_whole_window_is_given_up_counted_and_the_chat_told_once(
+    h: TelegramHarness, ch: TelegramChannel, ledger: DeliveryLedger, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    clock = Clock()
+    worker = redelivery(redis_client, redis_prefix, ch, ledger, clock)
+    given_up = metrics.DELIVERIES.labels("telegram", "given_up")._value.get()
+    # The reply, then the retries at +30 s and +60 s (the end of the window) fail; the
+    # platform is back just in time for the notice.
+    h.fake.fail_next("sendMessage", code=502, description="Bad Gateway", times=3 * SEND_ATTEMPTS)
+    await fail_a_reply(ch, ledger, worker, "run-lost")
+    attempts = 0
+    while await worker.pending():
+        clock.now += 30
+        attempts += await worker.run_due()
+        assert attempts < 20, "the retries are not bounded"
+    assert attempts == 2
+    assert (await ledger.states("run-lost"))["0"].startswith("given_up:")
+    assert metrics.DELIVERIES.labels("telegram", "given_up")._value.get() == given_up + 1
+    assert texts(h) == [UNDELIVERED_TEXT]
+    clock.now += 3600
+    assert await worker.run_due() == 0
+    assert texts(h) == [UNDELIVERED_TEXT]
+
+
+async def test_a_part_whose_sender_died_mid_send_is_never_sent_again(
+    h: TelegramHarness, ch: TelegramChannel, ledger: DeliveryLedger, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    clock = Clock()
+    worker = redelivery(redis_client, redis_prefix, ch, ledger, clock)
+    h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
+    await fail_a_reply(ch, ledger, worker, "run-died")
+    await ledger.mark("run-died", "0", "resending")  # a worker claimed it and was SIGKILLed while sending
+    clock.now += 600
+    assert await worker.run_due() == 1
+    assert await worker.pending() == 0
+    sends = [c for c in h.fake.calls_to("sendMessage") if "The answer" in str(c.params.get("text"))]
+    assert len(sends) == SEND_ATTEMPTS  # only the first, failed, tries

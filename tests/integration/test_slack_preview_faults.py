@@ -1,0 +1,153 @@
+"""Whatever Slack does to placeholders, the conversation ends with the answer once and
+no partial copy: chat.update failures of every kind, unreadable answers, /stop, and a
+run retried after a crash that finds its previous attempt's placeholder."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+from slack_sdk.web.async_client import AsyncWebClient
+
+from channels.base import Target
+from channels.slack.api import SlackApi
+from channels.slack.format import preview_part
+from channels.slack.stream import SlackReplyStream
+from tests.fakes.slack_server import CHAOS_KINDS, FakeSlack
+from tests.fakes.telegram_context import RedisKV
+
+pytestmark = pytest.mark.timeout(60)
+
+TARGET = Target(channel="slack", chat_id="C1", thread_id="100.1", reply_to="100.1")
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeSlack]:
+    async with FakeSlack() as server:
+        yield server
+
+
+@pytest.fixture
+async def api(fake: FakeSlack) -> AsyncIterator[SlackApi]:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=0.5)) as session:
+        client = AsyncWebClient(token=fake.bot_token, base_url=fake.api_url, session=session, retry_handlers=[])
+        yield SlackApi(client, backoff_s=0.05, max_retry_after_s=0.2)
+
+
+@pytest.fixture
+def kv(redis_client: aioredis.Redis, redis_prefix: str) -> RedisKV:
+    return RedisKV(redis_client, redis_prefix)
+
+
+def open_stream(api: SlackApi, kv: RedisKV, run_id: str) -> SlackReplyStream:
+    return SlackReplyStream(api, TARGET, run_id, format_preview=preview_part, interval_s=0.2, kv=kv)
+
+
+def conversation(fake: FakeSlack) -> list[str]:
+    """What the thread shows now, oldest first."""
+    return [m["text"] for (channel, _), m in sorted(fake.messages.items(), key=lambda kv: float(kv[0][1]))
+            if channel == "C1"]
+
+
+async def stream_a_reply(api: SlackApi, kv: RedisKV, run_id: str, drafts: int = 5) -> None:
+    stream = open_stream(api, kv, run_id)
+    await stream.start()
+    text = "draft"
+    for n in range(drafts):
+        text += f" w{n}"
+        await stream.preview(text)
+        await asyncio.sleep(0.25)
+    await stream.deliver(0, "Final answer")
+    await stream.deliver(1, "second part")
+    await stream.close()
+
+
+@pytest.mark.parametrize("kind", CHAOS_KINDS)
+async def test_every_kind_of_update_failure_still_ends_with_the_answer_once(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV, kind: str
+) -> None:
+    fake.chaos("chat.update", 1.0, kinds=(kind,), hang_s=1.0)
+    await stream_a_reply(api, kv, f"run-{kind}")
+    assert conversation(fake) == ["Final answer", "second part"]
+    assert len(fake.calls_to("chat.postMessage")) <= 3  # one placeholder at most, never one per update
+
+
+@pytest.mark.parametrize("kind", ["malformed", "drop", "500"])
+async def test_a_failed_placeholder_post_does_not_break_the_run(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV, kind: str
+) -> None:
+    fake.chaos("chat.postMessage", 1.0, kinds=(kind,))
+    stream = open_stream(api, kv, f"run-post-{kind}")
+    await stream.preview("draft")
+    await fake.wait_calls("chat.postMessage")
+    await asyncio.sleep(0.3)
+    fake.calm()
+    await stream.preview("draft two")
+    await stream.deliver(0, "Final answer")
+    await stream.close()
+    assert conversation(fake) == ["Final answer"]
+
+
+async def test_an_answer_without_ts_counts_as_posted_once(fake: FakeSlack, api: SlackApi, kv: RedisKV) -> None:
+    stream = open_stream(api, kv, "run-no-ts")
+    fake.malformed("chat.postMessage", {"ok": True})
+    assert await stream.deliver(0, "Final answer") == ""
+    assert len(fake.calls_to("chat.postMessage")) == 1  # not posted again
+
+
+@pytest.mark.parametrize("kind", ["malformed", "message_not_found", "drop"])
+async def test_stop_after_a_failed_update_deletes_the_placeholder(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV, kind: str
+) -> None:
+    stream = open_stream(api, kv, f"run-stop-{kind}")
+    await stream.preview("draft one")
+    await fake.wait_calls("chat.postMessage")
+    await asyncio.sleep(0.3)
+    fake.chaos("chat.update", 1.0, kinds=(kind,))
+    await stream.preview("draft one two")
+    await fake.wait_calls("chat.update")
+    await asyncio.sleep(0.2)
+    await stream.discard()
+    await stream.close()
+    assert conversation(fake) == []
+
+
+async def test_a_retried_run_finalizes_the_placeholder_of_the_attempt_that_died(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV
+) -> None:
+    first = open_stream(api, kv, "run-crash")
+    await first.preview("half of the ans")
+    await fake.wait_calls("chat.postMessage")
+    await asyncio.sleep(0.3)
+    # The replica dies here; another attempt of the same run goes on.
+    retried = open_stream(api, kv, "run-crash")
+    await retried.preview("half of the answer again")
+    await asyncio.sleep(0.4)
+    await retried.deliver(0, "The whole answer")
+    await retried.close()
+    assert conversation(fake) == ["The whole answer"]
+    assert len(fake.calls_to("chat.postMessage")) == 1
+
+
+async def test_a_retried_run_that_ends_silent_deletes_the_dead_attempts_placeholder(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV
+) -> None:
+    first = open_stream(api, kv, "run-crash-2")
+    await first.preview("half of the ans")
+    await fake.wait_calls("chat.postMessage")
+    await asyncio.sleep(0.3)
+    retried = open_stream(api, kv, "run-crash-2")
+    await retried.discard()
+    await retried.close()
+    assert conversation(fake) == []
+
+
+async def test_failing_reactions_never_cost_the_reply(fake: FakeSlack, api: SlackApi, kv: RedisKV) -> None:
+    fake.chaos("reactions.add", 1.0, hang_s=1.0)
+    fake.chaos("reactions.remove", 1.0, hang_s=1.0)
+    await stream_a_reply(api, kv, "run-no-reactions")
+    assert conversation(fake) == ["Final answer", "second part"]
+    assert fake.calls_to("reactions.add")
