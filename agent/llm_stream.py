@@ -6,23 +6,36 @@ some restart the index for every call, some send each call whole in one delta, s
 send ``arguments`` as a JSON object rather than a string, some reuse call ids, and
 reasoning arrives under different names (``reasoning_content``, ``reasoning``,
 ``thinking``, …) as extra fields of the delta, as a string or a ``{"text": …}`` object.
-This module absorbs those differences so the client and the loop see one shape.
+This module absorbs those differences so the client and the loop see one shape. It
+also reads the wire itself (SSE events from the body bytes, the SDK's error mapping),
+which is several times cheaper than the SDK's model per chunk.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import ssl
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.llm_types import LLMResponse, StreamDelta, estimate_text_tokens, estimate_tokens
+import anyio
+import httpx2
+import openai
+
+from agent.llm_types import LLMError, LLMResponse, StreamDelta, estimate_text_tokens, estimate_tokens
 from agent.types import Message, ToolCall, Usage
 
 # Checked in this order; only the first non-empty one of a delta is used, because some
 # servers send the same text under two names.
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_text")
+
+# What reading the body can raise on a network failure (as the SDK maps them).
+_NETWORK_ERRORS: tuple[type[BaseException], ...] = (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream)
+_DRAIN_S = 0.1
 
 
 @dataclass
@@ -219,3 +232,121 @@ def _starts_another(parts: _CallParts, name: str, arguments: str) -> bool:
     except (ValueError, RecursionError):
         return False
     return True
+
+
+class SSEDecoder:
+    """Server-sent events from the raw body bytes, decoded the way the ``openai`` SDK
+    decodes them (lines end in CR, LF or CRLF; ``data`` lines join with newlines; a blank
+    line ends an event; ``id`` persists as the spec says), without an object per event.
+    ``feed`` returns ``(event name, data)`` pairs; invalid UTF-8 raises ``ValueError``."""
+
+    def __init__(self) -> None:
+        self._tail = b""
+        self._event: str | None = None
+        self._data: list[str] = []
+        self._last_id: str | None = None
+        self._retry: int | None = None
+
+    def feed(self, chunk: bytes) -> list[tuple[str | None, str]]:
+        buf = self._tail + chunk if self._tail else chunk
+        # A CR at the very end may be the first half of a CRLF: keep it for the next chunk.
+        cut = max(buf.rfind(b"\n"), buf.rfind(b"\r", 0, len(buf) - 1))
+        if cut < 0:
+            self._tail = buf
+            return []
+        self._tail = buf[cut + 1 :]
+        events: list[tuple[str | None, str]] = []
+        for line in buf[: cut + 1].splitlines():
+            if not line:
+                if self._event or self._data or self._last_id or self._retry is not None:
+                    events.append((self._event, "\n".join(self._data)))
+                    self._event, self._data, self._retry = None, [], None
+                continue
+            if line[:1] == b":":
+                continue
+            name, _, value = line.partition(b":")
+            if value[:1] == b" ":
+                value = value[1:]
+            if name == b"data":
+                self._data.append(value.decode("utf-8"))
+            elif name == b"event":
+                self._event = value.decode("utf-8")
+            elif name == b"id":
+                if b"\0" not in value:
+                    self._last_id = value.decode("utf-8")
+            elif name == b"retry":
+                with contextlib.suppress(ValueError):
+                    self._retry = int(value)
+        return events
+
+
+async def body_bytes(
+    response: httpx2.Response, on_error: Callable[[openai.APIError], LLMError]
+) -> AsyncGenerator[bytes, None]:
+    """The response body's bytes; a network failure becomes the stream ``LLMError``."""
+    try:
+        async for raw in response.aiter_bytes():
+            yield raw
+    except _NETWORK_ERRORS as exc:
+        error: openai.APIError = (
+            openai.APITimeoutError(request=response.request)
+            if isinstance(exc, httpx2.TimeoutException)
+            else openai.APIConnectionError(request=response.request)
+        )
+        raise on_error(error) from None
+
+
+async def drain(body: AsyncIterator[bytes]) -> None:
+    """Read what follows ``[DONE]`` (briefly) so the connection can be reused."""
+    with contextlib.suppress(TimeoutError, LLMError):
+        async with asyncio.timeout(_DRAIN_S):
+            async for _ in body:
+                pass
+
+
+def malformed(assembler: StreamAssembler) -> LLMError:
+    return LLMError(
+        "The language model sent a malformed stream (an event that is not JSON).",
+        kind="protocol", retryable=True, started=assembler.started,
+    )
+
+
+def in_stream_error(error: Any, response: httpx2.Response) -> openai.APIError:
+    """An error event inside the stream, as the SDK reports it."""
+    message = error.get("message") if isinstance(error, dict) else None
+    if not message or not isinstance(message, str):
+        message = "An error occurred during streaming"
+    return openai.APIError(message=message, request=response.request, body=error)
+
+
+def check_finished(assembler: StreamAssembler, content_type: str) -> None:
+    """Raise unless the stream was a whole answer: a finish reason, and something in it."""
+    if assembler.finish_reason is None:
+        if not assembler.answered:
+            raise LLMError(
+                f"The language model sent no answer ({assembler.chunks} events, content type "
+                f"{content_type or 'none'!r}, no finish_reason).",
+                kind="empty", retryable=True, started=assembler.started,
+            )
+        raise LLMError(
+            f"The language model stream ended without a finish_reason after {assembler.chunks} events (cut off).",
+            kind="incomplete", retryable=True, started=assembler.started,
+        )
+    if not assembler.answered and assembler.finish_reason not in ("length", "content_filter"):
+        raise LLMError(
+            f"The language model finished ({assembler.finish_reason!r}) with no text and no tool call.",
+            kind="empty", retryable=True, started=assembler.started,
+        )
+
+
+def refused(exc: BaseException) -> bool:
+    """A "timeout" that is really a failed connect: the aiohttp transport reports every
+    connection error as a connect timeout; the cause chain still holds the OS error."""
+    seen: BaseException | None = exc.__cause__ or exc.__context__
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, OSError) and not isinstance(seen, TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -251,3 +251,27 @@ def child_pid(match: str) -> int | None:
             if match in " ".join(child.cmdline()):
                 return child.pid
     return None
+
+
+class RoundTrips:
+    """Requests this process sends to Redis (a pipeline or a script call is one), counted
+    at redis-py's connection; ``count`` so far. Valkey's own counters include every
+    command a script runs, which says little about round trips."""
+
+    count = 0
+    _installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls._installed:
+            return
+        from redis.asyncio.connection import AbstractConnection
+
+        original = AbstractConnection.send_packed_command
+
+        async def counted(self: Any, command: Any, check_health: bool = True) -> None:
+            cls.count += 1
+            await original(self, command, check_health)
+
+        AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+        cls._installed = True

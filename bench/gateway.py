@@ -61,6 +61,8 @@ import aiohttp  # noqa: E402
 
 from agent.llm import LLMClient  # noqa: E402
 from bench.common import (  # noqa: E402
+    child_pid,
+    cpu_seconds,
     fake_llm_subprocess,
     mib,
     redis_url_from_env,
@@ -111,7 +113,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         redis_url = redis_url_from_env(args.redis_url)
         prefix = f"bench{int(time.time())}"
         async with fake_llm_subprocess(0) as fake, aiohttp.ClientSession() as http:
-            cfg = make_config(tmp / "workspace", fake.base_url, redis_url, prefix, args.max_concurrent_runs)
+            cfg = make_config(tmp / "workspace", fake.base_url, redis_url, prefix, args.max_concurrent_runs,
+                              args.debounce_ms)
             model = TimedModel(LLMClient(model="gpt-4o-mini", base_url=fake.base_url, api_key="bench-key"))
             channel = BenchChannel()
             daemon = Daemon(cfg, channels={CHANNEL: channel}, model=model, with_http=False, with_scheduler=False)
@@ -124,8 +127,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             try:
                 await asyncio.sleep(0.5)
                 gc.collect()
-                report["idle"] = {"rss_mib": mib(rss_bytes()), "redis_used_mib": mib(await b.valkey_used_memory())}
-                print(f"idle: RSS {report['idle']['rss_mib']} MiB", flush=True)
+                report["idle"] = {"rss_mib": mib(rss_bytes()), "redis_used_mib": mib(await b.valkey_used_memory()),
+                                  **idle_cpu(args.idle_s)}
+                await asyncio.sleep(args.idle_s)
+                report["idle"] |= idle_cpu(args.idle_s, report["idle"])
+                print(f"idle: RSS {report['idle']['rss_mib']} MiB, CPU {report['idle']['cpu_ms_per_s']} ms/s "
+                      f"(bot {report['idle']['bot_cpu_ms_per_s']}, store {report['idle']['store_cpu_ms_per_s']})",
+                      flush=True)
                 if "overhead" in parts:
                     report["overhead"] = await part_overhead(b, args.overhead_messages, args.overhead_warmup)
                     print_overhead(report["overhead"])
@@ -146,6 +154,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         report["log_bytes"] = log_file.stat().st_size
     return report
 
+def idle_cpu(seconds: float, start: dict[str, Any] | None = None) -> dict[str, Any]:
+    """CPU of the idle daemon tree: the counters now, or (given ``start``) per second since."""
+    valkey = child_pid("valkey-server") or child_pid("redis-server")
+    now = {"_bot_cpu": cpu_seconds(), "_store_cpu": cpu_seconds(valkey) if valkey else 0.0}
+    if start is None:
+        return now
+    bot = (now["_bot_cpu"] - start.pop("_bot_cpu")) * 1000 / seconds
+    store = (now["_store_cpu"] - start.pop("_store_cpu")) * 1000 / seconds
+    return {"idle_seconds": seconds, "cpu_ms_per_s": round(bot + store, 2), "bot_cpu_ms_per_s": round(bot, 2),
+            "store_cpu_ms_per_s": round(store, 2)}
+
+
 # ---- tables -----------------------------------------------------------------------------
 
 
@@ -158,6 +178,9 @@ def print_overhead(r: dict[str, Any]) -> None:
     ]
     rows.append(("e2e − bare", r["e2e_minus_bare_p50_ms"], float("nan"), r["e2e_minus_bare_p99_ms"], float("nan")))
     print(table(("", "p50 ms", "p90 ms", "p99 ms", "max ms"), rows))
+    print(f"CPU per message: {r['cpu_ms_per_message']} ms (bot {r['cpu_ms_per_message_bot']}, "
+          f"store {r['cpu_ms_per_message_store']})")
+    print(f"store round trips per message: {r['store_round_trips_per_message']}")
     print(f"Redis commands per message: {r['redis_commands_per_message']}; "
           f"request: {r['prompt_messages_last']} messages, {r['tools_in_request']} tools")
     print("  by command: " + ", ".join(f"{k} {v:g}" for k, v in r["redis_commands_by_name"].items()), flush=True)
@@ -167,6 +190,8 @@ def print_memory(r: dict[str, Any]) -> None:
     print(f"\nmemory: {r['sessions']} new sessions, one message each ({r['messages_per_s']} msg/s)")
     print(table(("sessions", "RSS MiB", "Redis used MiB"),
                 [(c["sessions"], c["rss_mib"], c["redis_used_mib"]) for c in r["checkpoints"]]))
+    print(f"RSS after: botd {r['rss_after_mib']} MiB + store {r['store_rss_after_mib']} MiB = "
+          f"{r['tree_rss_after_mib']} MiB")
     print(f"RSS per session: {r['rss_bytes_per_session']} B overall, {r['rss_bytes_per_session_second_half']} B "
           f"over the second half; Redis per session: {r['redis_bytes_per_session']} B", flush=True)
 
@@ -179,7 +204,7 @@ def print_concurrency(rows: list[dict[str, Any]]) -> None:
         [(r["latency_ms"], f"{r['sessions']}×{r['messages_per_session']}", r["seconds"], r["ideal_seconds"],
           r["vs_ideal"] if r["vs_ideal"] is not None else float("nan"), r["messages_per_s"],
           r["e2e"]["p50_ms"], r["e2e"]["p99_ms"], r["rss_before_mib"], r["rss_after_mib"], r["rss_peak_mib"],
-          r["bot_cpu_ms_per_message"], r["loop_lag"]["p99_ms"]) for r in rows],
+          r["cpu_ms_per_message"], r["loop_lag"]["p99_ms"]) for r in rows],
     ))
     for r in rows:
         print(f"  at {r['latency_ms']:g} ms: CPU seconds {r['cpu_seconds']}, {r['llm_calls']} LLM calls, "
@@ -208,6 +233,8 @@ def main() -> None:
     parser.add_argument("--memory-sessions", type=int, default=10000)
     parser.add_argument("--stop-trials", type=int, default=50)
     parser.add_argument("--max-concurrent-runs", type=int, default=2000, help="gateway.max_concurrent_runs")
+    parser.add_argument("--debounce-ms", type=int, default=0, help="queue.debounce_ms (botd's default: 500)")
+    parser.add_argument("--idle-s", type=float, default=5.0, help="seconds of idle CPU measured after start")
     parser.add_argument("--parts", type=lambda s: s.split(","), default=["overhead", "memory", "concurrency", "stop"])
     parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else the embedded Valkey")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])

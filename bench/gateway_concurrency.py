@@ -100,5 +100,7 @@ async def part_concurrency(b: Bench, sessions: int, messages: int, latency_ms: f
         "redis_connections_after": clients,
         "redis_commands_per_message": round(commands / total, 1),
         "bot_cpu_ms_per_message": round(cpu["bot"] * 1000 / total, 2),
+        # The botd process tree: this process and the embedded store.
+        "cpu_ms_per_message": round((cpu["bot"] + cpu.get("valkey", 0.0)) * 1000 / total, 2),
         "loop_lag": summary_ms(lag.samples),
     }

@@ -9,7 +9,7 @@ import gc
 import time
 from typing import Any
 
-from bench.common import mib, rss_bytes
+from bench.common import child_pid, mib, rss_bytes
 from bench.gateway_rig import TEXT, Bench
 
 
@@ -40,6 +40,8 @@ async def part_memory(b: Bench, sessions: int, in_flight: int = 100) -> dict[str
     elapsed = time.perf_counter() - started
     b.channel.keep = True
     rss1, redis1 = rss_bytes(), await b.valkey_used_memory()
+    valkey = child_pid("valkey-server") or child_pid("redis-server")
+    store_rss = rss_bytes(valkey) if valkey else 0
     # Slope over the second half: after warm-up effects (pools, caches) have settled.
     half = checkpoints[len(checkpoints) // 2]
     tail_sessions = checkpoints[-1]["sessions"] - half["sessions"]
@@ -51,6 +53,9 @@ async def part_memory(b: Bench, sessions: int, in_flight: int = 100) -> dict[str
         "messages_per_s": round(sessions / elapsed, 1),
         "rss_before_mib": mib(rss0),
         "rss_after_mib": mib(rss1),
+        # The whole botd tree: this process and the embedded store (0 for an outside Redis).
+        "store_rss_after_mib": mib(store_rss),
+        "tree_rss_after_mib": mib(rss1 + store_rss),
         "rss_bytes_per_session": round((rss1 - rss0) / sessions),
         "rss_bytes_per_session_second_half": round(slope),
         "redis_bytes_per_session": round((redis1 - redis0) / sessions),

@@ -10,7 +10,7 @@ from typing import Any
 
 from agent.llm import LLMClient, StreamDelta
 from agent.types import Message
-from bench.common import summary_ms
+from bench.common import RoundTrips, child_pid, cpu_seconds, summary_ms
 from bench.gateway_rig import TEXT, Bench
 
 
@@ -22,8 +22,14 @@ async def part_overhead(b: Bench, n: int, warmup: int) -> dict[str, Any]:
     idle: list[float] = []
     commands = 0
     llm_calls = b.model.calls
+    valkey = child_pid("valkey-server") or child_pid("redis-server")
+    RoundTrips.install()
+    cpu0 = (0.0, 0.0)
+    trips0 = 0
     for i in range(warmup + n):
         if i == warmup:
+            cpu0 = (cpu_seconds(), cpu_seconds(valkey) if valkey else 0.0)
+            trips0 = RoundTrips.count
             commands = await b.redis_commands()
             calls0 = await b.redis_command_calls()
             llm_calls = b.model.calls
@@ -33,6 +39,9 @@ async def part_overhead(b: Bench, n: int, warmup: int) -> dict[str, Any]:
             e2e.append(delivered)
             own.append(delivered - (b.model.seconds - before_model))
             idle.append(to_idle)
+    trips = RoundTrips.count - trips0 - 1  # less the INFO above
+    cpu_bot = cpu_seconds() - cpu0[0]
+    cpu_store = (cpu_seconds(valkey) - cpu0[1]) if valkey else 0.0
     commands = await b.redis_commands() - commands - 1
     llm_calls = b.model.calls - llm_calls
     calls1 = await b.redis_command_calls()
@@ -68,7 +77,14 @@ async def part_overhead(b: Bench, n: int, warmup: int) -> dict[str, Any]:
         "tools_in_request": len(tools or []),
         # Above n: compactions (a session passing 50 messages), each a summary call and a memory flush.
         "llm_calls": llm_calls,
+        # Requests sent to the store (a script or a pipeline is one), and the commands
+        # the store executed (Valkey counts every command a script runs).
+        "store_round_trips_per_message": round(trips / n, 2),
         "redis_commands_per_message": round(commands / n, 1),
+        # CPU of the botd process tree (this process + the embedded store), per message.
+        "cpu_ms_per_message": round((cpu_bot + cpu_store) * 1000 / n, 2),
+        "cpu_ms_per_message_bot": round(cpu_bot * 1000 / n, 2),
+        "cpu_ms_per_message_store": round(cpu_store * 1000 / n, 2),
         "redis_commands_by_name": by_command,
         "e2e": e2e_s,
         "own": summary_ms(own),

@@ -102,13 +102,14 @@ class TimedModel:
 
 
 def make_config(
-    workspace: Path, base_url: str, redis_url: str | None, prefix: str, max_concurrent_runs: int
+    workspace: Path, base_url: str, redis_url: str | None, prefix: str, max_concurrent_runs: int,
+    debounce_ms: int = 0,
 ) -> BotdConfig:
     return BotdConfig(
         agent={"id": AGENT_ID, "workspace": str(workspace)},
         llm={"base_url": base_url, "api_key": "bench-key", "model": "gpt-4o-mini"},
         redis={"url": redis_url, "prefix": prefix},
-        queue={"mode": "steer", "debounce_ms": 0},
+        queue={"mode": "steer", "debounce_ms": debounce_ms},
         gateway={"max_concurrent_runs": max_concurrent_runs},
         telegram={"enabled": False},
         slack={"enabled": False},

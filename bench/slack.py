@@ -42,6 +42,7 @@ if str(ROOT) not in sys.path:
 
 from agent.types import RunRequest  # noqa: E402
 from bench import preview_faults  # noqa: E402
+from bench.common import cpu_seconds  # noqa: E402
 from channels.base import SubmitResult, Target  # noqa: E402
 from channels.slack import SlackChannel, SlackSettings  # noqa: E402
 from channels.slack.format import format_parts  # noqa: E402
@@ -121,6 +122,7 @@ async def bench_socket(fake: FakeSlack, client: aioredis.Redis, events: int, bur
     await fake.wait_connected()
     try:
         latencies: list[float] = []
+        cpu0 = cpu_seconds()
         for i in range(events):
             ctx.expect = len(ctx.arrived) + 1
             ctx.all_in.clear()
@@ -128,6 +130,7 @@ async def bench_socket(fake: FakeSlack, client: aioredis.Redis, events: int, bur
             await fake.push_event(mention(i, "1"))
             await asyncio.wait_for(ctx.all_in.wait(), 10)
             latencies.append(ctx.arrived[f"1{i}.000100"] - sent)
+        cpu = cpu_seconds() - cpu0
         ctx.expect = len(ctx.arrived) + burst
         ctx.all_in.clear()
         started = time.perf_counter()
@@ -137,7 +140,8 @@ async def bench_socket(fake: FakeSlack, client: aioredis.Redis, events: int, bur
         elapsed = time.perf_counter() - started
     finally:
         await channel.stop()
-    return {**summary(latencies), "burst": burst, "burst_per_s": round(burst / elapsed, 1)}
+    return {**summary(latencies), "cpu_ms_per_event": round(cpu * 1000 / events, 3), "burst": burst,
+            "burst_per_s": round(burst / elapsed, 1)}
 
 
 async def bench_http(fake: FakeSlack, client: aioredis.Redis, events: int, burst: int) -> dict[str, Any]:
@@ -168,6 +172,7 @@ async def bench_http(fake: FakeSlack, client: aioredis.Redis, events: int, burst
 
             acks: list[float] = []
             submits: list[float] = []
+            cpu0 = cpu_seconds()
             for i in range(events):
                 ctx.expect = len(ctx.arrived) + 1
                 ctx.all_in.clear()
@@ -175,6 +180,7 @@ async def bench_http(fake: FakeSlack, client: aioredis.Redis, events: int, burst
                 acks.append(time.perf_counter() - sent)
                 await asyncio.wait_for(ctx.all_in.wait(), 10)
                 submits.append(ctx.arrived[f"3{i}.000100"] - sent)
+            cpu = cpu_seconds() - cpu0
             ctx.expect = len(ctx.arrived) + burst
             ctx.all_in.clear()
             started = time.perf_counter()
@@ -188,6 +194,7 @@ async def bench_http(fake: FakeSlack, client: aioredis.Redis, events: int, burst
         **summary(submits),
         "ack_p50_ms": ack["p50_ms"],
         "ack_p99_ms": ack["p99_ms"],
+        "cpu_ms_per_event": round(cpu * 1000 / events, 3),
         "burst": burst,
         "burst_per_s": round(burst / elapsed, 1),
     }
@@ -207,6 +214,7 @@ async def bench_replies(fake: FakeSlack, client: aioredis.Redis, replies: int) -
     part = format_parts(REPLY_UNIT)[0]
     cycles: list[float] = []
     posts: list[float] = []
+    cpu0 = cpu_seconds()
     try:
         target = Target(channel="slack", chat_id="C1", thread_id="9.1", reply_to="9.1")
         for i in range(replies):
@@ -222,7 +230,9 @@ async def bench_replies(fake: FakeSlack, client: aioredis.Redis, replies: int) -
             posts.append(time.perf_counter() - sent)
     finally:
         await channel.stop()
-    return {"reply_cycle": summary(cycles), "send_text": summary(posts), "api_calls_per_reply": 4}
+    cpu = cpu_seconds() - cpu0
+    return {"reply_cycle": summary(cycles), "send_text": summary(posts), "api_calls_per_reply": 4,
+            "cpu_ms_per_reply_and_notice": round(cpu * 1000 / replies, 3)}
 
 
 PREVIEW_INTERVAL_S = 0.05
@@ -327,6 +337,8 @@ async def main() -> None:
     print(
         f"{'send_text (1 post)':<28}{replies['send_text']['p50_ms']:>10}{replies['send_text']['p99_ms']:>10}"
     )
+    print(f"CPU ms (the fake Slack shares the process): socket event {socket_row['cpu_ms_per_event']}, "
+          f"http event {http_row['cpu_ms_per_event']}, reply cycle + notice {replies['cpu_ms_per_reply_and_notice']}")
     print()
     print(table(faults))
     print()

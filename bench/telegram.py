@@ -43,7 +43,15 @@ if str(ROOT) not in sys.path:
 
 from agent.types import RunRequest  # noqa: E402
 from bench import preview_faults  # noqa: E402
-from bench.common import redis_url_from_env, report_header, summary_ms, table, temp_workspace, write_json  # noqa: E402
+from bench.common import (  # noqa: E402
+    cpu_seconds,
+    redis_url_from_env,
+    report_header,
+    summary_ms,
+    table,
+    temp_workspace,
+    write_json,
+)
 from channels.base import SubmitResult, Target  # noqa: E402
 from channels.telegram.format import render_parts  # noqa: E402
 from channels.telegram.webhook import SECRET_HEADER  # noqa: E402
@@ -52,7 +60,7 @@ from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "telegram.json"
 SECRET = "bench_secret"
-GROUP = Target(channel="telegram", chat_id="-1001", reply_to="1", meta={"chat_type": "supergroup"})
+GROUP = Target(channel="telegram", chat_id="-1001", reply_to="1")
 
 REPLY_UNIT = (
     "## Result\n\nThe deploy went out at **nine**; error rates stayed _flat_. See [the runbook]"
@@ -117,17 +125,19 @@ async def bench_polling(client: aioredis.Redis, updates: int, burst: int) -> dic
         await h.fake.wait_calls("getUpdates")
         await asyncio.sleep(0.2)
         latencies = []
+        cpu0 = cpu_seconds()
         for i in range(updates):
             text = f"seq {i}"
             pushed = time.perf_counter()
             h.fake.push_message(h.fake.private_message(42, text))
             latencies.append(await timed.wait_for(text) - pushed)
+        cpu = cpu_seconds() - cpu0
         started = time.perf_counter()
         for i in range(burst):
             h.fake.push_message(h.fake.private_message(42, f"burst {i}"))
         await timed.wait_for(f"burst {burst - 1}", timeout_s=60)
         seconds = time.perf_counter() - started
-        return {"sequential": summary_ms(latencies), "burst": {
+        return {"sequential": summary_ms(latencies), "cpu_ms_per_update": round(cpu * 1000 / updates, 3), "burst": {
             "updates": burst, "seconds": round(seconds, 3), "updates_per_s": round(burst / seconds, 1)}}
 
 
@@ -141,11 +151,13 @@ async def bench_webhook(client: aioredis.Redis, updates: int, burst: int) -> dic
                   for i in range(updates + burst)]
         latencies = []
         async with aiohttp.ClientSession() as session:
+            cpu0 = cpu_seconds()
             for body in bodies[:updates]:
                 started = time.perf_counter()
                 async with session.post(url, data=body, headers=headers) as resp:
                     assert resp.status == 200, resp.status
                 latencies.append(time.perf_counter() - started)
+            cpu = cpu_seconds() - cpu0
 
             async def post(body: str) -> None:
                 async with session.post(url, data=body, headers=headers) as resp:
@@ -154,7 +166,7 @@ async def bench_webhook(client: aioredis.Redis, updates: int, burst: int) -> dic
             started = time.perf_counter()
             await asyncio.gather(*(post(b) for b in bodies[updates:]))
             seconds = time.perf_counter() - started
-        return {"sequential": summary_ms(latencies), "burst": {
+        return {"sequential": summary_ms(latencies), "cpu_ms_per_update": round(cpu * 1000 / updates, 3), "burst": {
             "updates": burst, "seconds": round(seconds, 3), "updates_per_s": round(burst / seconds, 1)}}
 
 
@@ -167,6 +179,7 @@ async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]
             await channel.send_text(GROUP, "Stopped.")
             notice.append(time.perf_counter() - started)
         answer = REPLY_UNIT * 2
+        cpu0 = cpu_seconds()
         for i in range(replies):
             started = time.perf_counter()
             stream = channel.open_stream(GROUP, f"run-{i}")
@@ -177,6 +190,7 @@ async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]
                 await stream.deliver(index, part)
             await stream.close()
             cycle.append(time.perf_counter() - started)
+        cycle_cpu = cpu_seconds() - cpu0
         big = REPLY_UNIT * 60  # ~17 KB of Markdown
         parts_sent = 0
         for i in range(max(10, replies // 10)):
@@ -189,6 +203,7 @@ async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]
             parts_sent = len(parts)
             long_answer.append(time.perf_counter() - started)
         return {"notice": summary_ms(notice), "reply_cycle": summary_ms(cycle),
+                "reply_cycle_cpu_ms": round(cycle_cpu * 1000 / replies, 3),
                 "long_answer": {**summary_ms(long_answer), "parts": parts_sent, "markdown_chars": len(big)}}
 
 
@@ -271,9 +286,10 @@ async def main() -> None:
         report["webhook"] = await bench_webhook(client, args.updates, args.burst)
         report["outbound"] = await bench_outbound(client, args.replies)
 
-    print(table(["inbound", "p50 ms", "p90 ms", "p99 ms", "burst updates/s"], [
+    print(table(["inbound", "p50 ms", "p90 ms", "p99 ms", "burst updates/s", "CPU ms/update (+fake)"], [
         [mode, report[mode]["sequential"]["p50_ms"], report[mode]["sequential"]["p90_ms"],
-         report[mode]["sequential"]["p99_ms"], report[mode]["burst"]["updates_per_s"]]
+         report[mode]["sequential"]["p99_ms"], report[mode]["burst"]["updates_per_s"],
+         report[mode]["cpu_ms_per_update"]]
         for mode in ("polling", "webhook")
     ]))
     print()
@@ -282,6 +298,7 @@ async def main() -> None:
         ["send_text (notice)", out["notice"]["p50_ms"], out["notice"]["p90_ms"], out["notice"]["p99_ms"]],
         ["reply cycle (typing, preview, final)", out["reply_cycle"]["p50_ms"], out["reply_cycle"]["p90_ms"],
          out["reply_cycle"]["p99_ms"]],
+        ["reply cycle CPU ms (+fake)", out["reply_cycle_cpu_ms"], "", ""],
         [f"long answer ({out['long_answer']['parts']} parts)", out["long_answer"]["p50_ms"],
          out["long_answer"]["p90_ms"], out["long_answer"]["p99_ms"]],
     ]))

@@ -71,16 +71,18 @@ class SessionCompactor:
         self.clock = clock or (lambda: datetime.now(UTC))
 
     async def maybe_compact(
-        self, session_key: str, last_prompt_tokens: int, *, settings: ToolSettings | None = None
+        self, session_key: str, last_prompt_tokens: int, *,
+        settings: ToolSettings | None = None, stored: tuple[int, int] | None = None
     ) -> bool:
         """Compact ``session_key`` if it is due; True only when a compaction was stored.
 
-        Never raises for a failed compaction (it is logged and the history stays
-        untouched); cancellation propagates.
+        ``stored``: the session's message and compaction counts when the caller has just
+        read them (saves reading them again). Never raises for a failed compaction (it is
+        logged and the history stays untouched); cancellation propagates.
         """
         bound = log.bind(session_key=session_key)
         try:
-            due, compactions = await self._due(session_key, last_prompt_tokens)
+            due, compactions = await self._due(session_key, last_prompt_tokens, stored)
             if not due:
                 return False
             lease = Lease(
@@ -103,12 +105,17 @@ class SessionCompactor:
         finally:
             await lease.release()
 
-    async def _due(self, session_key: str, last_prompt_tokens: int) -> tuple[bool, int]:
+    async def _due(
+        self, session_key: str, last_prompt_tokens: int, stored: tuple[int, int] | None
+    ) -> tuple[bool, int]:
         """Whether the stored session meets the trigger, and its compaction count so far."""
-        pipe = self.client.pipeline(transaction=True)
-        pipe.llen(self.keys.session_messages(session_key))
-        pipe.hget(self.keys.session_meta(session_key), "compactions")
-        count, compactions = await pipe.execute()
+        if stored is not None:
+            count, compactions = stored
+        else:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.llen(self.keys.session_messages(session_key))
+            pipe.hget(self.keys.session_meta(session_key), "compactions")
+            count, compactions = await pipe.execute()
         tokens = last_prompt_tokens
         if tokens <= 0 and count:  # no usage figure: estimate the stored history
             tokens = estimate_tokens(await self.sessions.history(session_key), include_tool_calls=True)

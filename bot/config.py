@@ -150,7 +150,7 @@ class GuardConfig(_Section):
 class QueueConfig(_Section):
     mode: Literal["steer", "followup", "interrupt"] = "steer"
     cap: int = Field(20, ge=1, le=1000)
-    debounce_ms: int = Field(500, ge=0, le=60000)
+    debounce_ms: int = Field(500, ge=0, le=60000)  # the burst window for folding, never a wait
 
 
 class GatewayConfig(_Section):

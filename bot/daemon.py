@@ -128,6 +128,8 @@ class Daemon:
             await app.gateway.shutdown(self.cfg.gateway.shutdown_grace_s if grace_s is None else grace_s)
             await app.redelivery.stop()
             await app.mcp.stop()
+            with contextlib.suppress(Exception):
+                await app.traces.aclose()  # the last runs' traces
         # Intake stopped first; replies of finishing runs needed the clients until now.
         for channel in self._started_channels:
             with contextlib.suppress(Exception):

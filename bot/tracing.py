@@ -7,12 +7,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
+import structlog
 from pydantic import BaseModel, Field
 
 from agent import notices
@@ -21,9 +24,12 @@ from agent.types import Message, Usage
 from bot import metrics
 from bot.store.keys import Keys
 
+log = structlog.get_logger(__name__)
+
 VERBOSE_LIMIT = 50_000
 _TTL_S = 7 * 24 * 3600
 _INDEX_CAP = 1000
+FLUSH_AFTER_S = 0.25
 
 
 def verbose() -> bool:
@@ -62,27 +68,69 @@ class Trace(BaseModel):
 
 
 class TraceStore:
-    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+    """Traces in Redis. ``save`` only queues: the queue is written in one round trip a
+    moment later (or on ``flush``, which reads here and ``aclose`` do first), keeping
+    the write and its serialization off the run's path."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str, *, flush_after_s: float = FLUSH_AFTER_S) -> None:
         self._r = client
         self._keys = Keys(prefix)
+        self._flush_after_s = flush_after_s
+        self._pending: dict[str, Trace] = {}
+        self._flusher: asyncio.Task[None] | None = None
 
     def _key(self, run_id: str) -> str:
         return self._keys.trace(run_id)
 
     async def save(self, trace: Trace) -> None:
+        self._pending[trace.run_id] = trace  # a later save of the same run replaces it
+        if len(self._pending) > _INDEX_CAP:  # Redis has been failing for a while: keep the newest
+            del self._pending[next(iter(self._pending))]
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush_soon(), name="trace-flush")
+
+    async def _flush_soon(self) -> None:
+        await asyncio.sleep(self._flush_after_s)
+        try:
+            await self.flush()
+        except Exception as exc:  # traces are diagnostics: never let them take a run down
+            log.warning("trace.save_failed", error=str(exc), traces=len(self._pending))
+
+    async def flush(self) -> None:
+        """Write every queued trace now (one pipeline); on failure they stay queued."""
+        if not self._pending:
+            return
+        batch = list(self._pending.values())
         pipe = self._r.pipeline(transaction=True)
-        pipe.set(self._key(trace.run_id), trace.model_dump_json(), ex=_TTL_S)
         index = self._keys.trace_index()
-        pipe.lrem(index, 0, trace.run_id)
-        pipe.lpush(index, trace.run_id)
+        for trace in batch:
+            pipe.set(self._key(trace.run_id), trace.model_dump_json(), ex=_TTL_S)
+            pipe.lrem(index, 0, trace.run_id)
+            pipe.lpush(index, trace.run_id)
         pipe.ltrim(index, 0, _INDEX_CAP - 1)
         await pipe.execute()
+        for trace in batch:
+            if self._pending.get(trace.run_id) is trace:
+                del self._pending[trace.run_id]
+
+    async def aclose(self) -> None:
+        """Stop the background write and write what is still queued."""
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await flusher
+        await self.flush()
 
     async def load(self, run_id: str) -> Trace | None:
+        queued = self._pending.get(run_id)
+        if queued is not None:
+            return queued
         raw = await self._r.get(self._key(run_id))
         return Trace.model_validate_json(raw) if raw else None
 
     async def recent(self, limit: int = 20) -> list[str]:
+        await self.flush()
         return [str(x) for x in await self._r.lrange(self._keys.trace_index(), 0, limit - 1)]
 
 

@@ -1,7 +1,7 @@
 """Control commands (/stop, /stopall, /new, /status, /help, /approve, /deny): recognised
 in any channel, answered at once, never queued.
 
-They bypass the queue, the debounce and the input guard: a /stop must never wait
+They bypass the queue, the burst window and the input guard: a /stop must never wait
 behind the run it is meant to stop.
 """
 

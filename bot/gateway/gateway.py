@@ -114,6 +114,8 @@ class Gateway:
         except RedisError as exc:
             log.warning("submit.after_enqueue_failed", error=str(exc), session_key=req.session_key)
         self.workers.kick(req.session_key)
+        if req.kind == "chat" and self.workers.fold(req.session_key):
+            log.info("submit.folded", session_key=req.session_key, run_id=req.run_id)
         return SubmitResult("queued")
 
     async def _tell_dropped(self, dropped: RunRequest) -> None:

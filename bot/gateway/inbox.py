@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 
 from agent.types import RunRequest
 from bot.store.keys import Keys
-from bot.store.kv import ttl_ms
+from bot.store.kv import queue_script, ttl_ms
 from bot.store.locks import ACQUIRE
 
 _ENQUEUE = """
@@ -52,6 +52,23 @@ if #items > 0 then
   redis.call('PEXPIRE', KEYS[2], ARGV[1])
 end
 return items
+"""
+
+# A worker's next batch: what a previous holder left running (resumed), else everything
+# waiting; with the server's clock, the run's start as every replica sees it.
+_CLAIM = """
+local now = redis.call('TIME')
+local running = redis.call('LRANGE', KEYS[2], 0, -1)
+if #running > 0 then
+  return {1, running, now[1], now[2]}
+end
+local items = redis.call('LRANGE', KEYS[1], 0, -1)
+if #items > 0 then
+  redis.call('RPUSH', KEYS[2], unpack(items))
+  redis.call('DEL', KEYS[1])
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+end
+return {0, items, now[1], now[2]}
 """
 
 _FINISH = """
@@ -95,6 +112,13 @@ class EnqueueResult:
     duplicate: bool = False
 
 
+@dataclass
+class Claim:
+    batch: list[RunRequest]
+    resumed: bool  # left running by a holder that never finished it
+    server_time: float  # Redis' clock at the claim
+
+
 class Inbox:
     """The Redis side of queueing: enqueue, take, finish, and finding stranded work."""
 
@@ -103,6 +127,7 @@ class Inbox:
         self._keys = Keys(prefix)
         self._enqueue = client.register_script(_ENQUEUE)
         self._take = client.register_script(_TAKE)
+        self._claim = client.register_script(_CLAIM)
         self._finish = client.register_script(_FINISH)
 
     def _inbox(self, session_key: str) -> str:
@@ -132,6 +157,26 @@ class Inbox:
         """Move everything waiting into the running list and return it (oldest first)."""
         raw = await self._take(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS])
         return [RunRequest.model_validate_json(item) for item in raw or []]
+
+    async def claim(self, session_key: str) -> Claim:
+        """The batch to run next: the running batch a previous holder never finished
+        (resumed), else everything waiting (moved to running). One step."""
+        resumed, raw, sec, usec = await self._claim(
+            keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS]
+        )
+        return Claim(
+            batch=[RunRequest.model_validate_json(item) for item in raw or []],
+            resumed=bool(resumed),
+            server_time=float(sec) + float(usec) / 1_000_000,
+        )
+
+    async def take_reading(self, session_key: str, other_key: str) -> tuple[list[RunRequest], str | bytes | None]:
+        """``take``, and the value of ``other_key`` read in the same round trip."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.get(other_key)
+        queue_script(pipe, self._take, [self._inbox(session_key), self._running(session_key)], [_KEEP_MS])
+        value, raw = await pipe.execute()
+        return [RunRequest.model_validate_json(item) for item in raw or []], value
 
     async def running(self, session_key: str) -> list[RunRequest]:
         """Work a previous holder took but never finished (it died or lost its lock)."""

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 from zoneinfo import ZoneInfo
 
 import structlog
@@ -60,19 +60,24 @@ log = structlog.get_logger(__name__)
 
 OutcomeStatus = Literal["completed", "failed", "cancelled", "timeout", "max_iterations", "blocked"]
 
-# Cancellations after which the batch is run again elsewhere rather than recorded.
-RETRY_REASONS = frozenset({"shutdown", "lock_lost"})
+# The reason a run is cancelled to start again with the messages that followed it.
+FOLD: Final = "fold"
+# Cancellations after which the batch is run again (elsewhere, or folded) rather than recorded.
+RETRY_REASONS = frozenset({"shutdown", "lock_lost", FOLD})
 
 
 
 class Compactor(Protocol):
     async def maybe_compact(
-        self, session_key: str, last_prompt_tokens: int, *, settings: ToolSettings | None = None
+        self, session_key: str, last_prompt_tokens: int, *,
+        settings: ToolSettings | None = None, stored: tuple[int, int] | None = None
     ) -> bool: ...
 
 
 class RunControl(Protocol):
     """What a run asks of its owner (``worker.SessionRun``)."""
+
+    resumed: bool  # a batch a previous attempt left unfinished (it may have saved its result)
 
     async def steer(self) -> list[RunRequest]:
         """Before every LLM call: messages to hand over now (raises when cancelled)."""
@@ -80,6 +85,10 @@ class RunControl(Protocol):
 
     def acknowledge(self) -> str | None:
         """The run handles its cancellation: stop re-cancelling; returns the reason."""
+        ...
+
+    def output_started(self) -> None:
+        """Before anything is shown (text, a tool call, the answer); raises when cancelled."""
         ...
 
 
@@ -140,14 +149,17 @@ class _Turn:
 class RunObserver:
     """Watches the loop's events: previews for text, a trace span and a metric per tool."""
 
-    def __init__(self, reply: Reply, trace: Trace) -> None:
+    def __init__(self, reply: Reply, trace: Trace, control: RunControl) -> None:
         self._reply = reply
         self._trace = trace
+        self._control = control
 
     async def __call__(self, event: AgentEvent) -> None:
         if isinstance(event, ChunkEvent):
+            self._control.output_started()
             await self._reply.on_chunk(event.text)
         elif isinstance(event, ToolCallEvent):
+            self._control.output_started()
             self._reply.reset_text()
             await self._reply.on_tool(event.tool_call.name)
         elif isinstance(event, ToolResultEvent):
@@ -200,8 +212,10 @@ class RunExecutor:
         return outcome
 
     async def _execute(self, turn: _Turn, control: RunControl) -> RunOutcome:
-        saved = await self.deps.ledger.load_result(turn.run_id)
+        # Only an earlier attempt at this batch can have stored its result.
+        saved = await self.deps.ledger.load_result(turn.run_id) if control.resumed else None
         if saved is not None:
+            control.output_started()
             return await self._resume_saved(turn, saved)
         if turn.first.meta.get("fresh_session") == "1":
             await self.deps.sessions.reset(turn.session_key)
@@ -214,6 +228,10 @@ class RunExecutor:
             result = await self._run_agent(turn, control, messages, model)
         except RunCancelled as cancelled:
             return await self._cancelled(turn, control, user_messages, cancelled.result, model)
+        try:
+            control.output_started()
+        except asyncio.CancelledError:  # cancelled after the model's last word, before any of it was shown
+            return await self._cancelled(turn, control, user_messages, result, model)
         return await self._finish(turn, user_messages, result, model)
 
     async def _resume_saved(self, turn: _Turn, saved: RunResult) -> RunOutcome:
@@ -229,8 +247,7 @@ class RunExecutor:
         if verbose():
             turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
         await self.attachments.sweep(turn.last)
-        history = await deps.sessions.history(turn.session_key)
-        summary = await deps.sessions.summary(turn.session_key)
+        history, summary = await deps.sessions.context(turn.session_key)
         prepared = prepare_history(
             history,
             history_turns=deps.cfg.agent.history_turns,
@@ -281,7 +298,7 @@ class RunExecutor:
             tools=deps.tools,
             ctx=ctx,
             run_id=turn.run_id,
-            on_event=RunObserver(turn.reply, turn.trace),
+            on_event=RunObserver(turn.reply, turn.trace, control),
             steer=steer_messages,
             approve=approve,
             max_iterations=deps.cfg.agent.max_iterations,
@@ -320,11 +337,11 @@ class RunExecutor:
 
         await deps.ledger.save_result(run_id, result.model_copy(update={"messages": user_messages + result.messages}))
         delivery = await turn.reply.finish(result.text)
-        await self._persist(session_key, run_id, user_messages, result, model)
+        stored = await self._persist(session_key, run_id, user_messages, result, model)
         if deps.compactor is not None:
             try:
                 await deps.compactor.maybe_compact(
-                    session_key, model.last_prompt_tokens, settings=self._settings(turn.last)
+                    session_key, model.last_prompt_tokens, settings=self._settings(turn.last), stored=stored
                 )
             except Exception as exc:
                 turn.bound.warning("compaction.failed", error=str(exc))
@@ -351,13 +368,11 @@ class RunExecutor:
 
     async def _persist(
         self, session_key: str, run_id: str, user_messages: list[Message], result: RunResult, model: TracingModel
-    ) -> None:
-        await self.deps.sessions.append(session_key, run_id, user_messages + result.messages)
-        # One record per LLM call, so "last prompt" is the last call's, not the run's sum.
-        for index, usage in enumerate(model.usages):
-            await self.deps.sessions.record_usage(
-                session_key, usage.prompt_tokens, usage.completion_tokens, run_id=f"{run_id}:{index}"
-            )
+    ) -> tuple[int, int]:
+        """Append the run and its usage (one record per LLM call, so "last prompt" is the
+        last call's, not the run's sum); the stored message and compaction counts after."""
+        usages = [(u.prompt_tokens, u.completion_tokens) for u in model.usages]
+        return await self.deps.sessions.record_run(session_key, run_id, user_messages + result.messages, usages)
 
     def _settings(self, req: RunRequest) -> ToolSettings:
         """The tool settings of ``req``'s session directory (``agent.workspace_scope``)."""

@@ -128,20 +128,25 @@ class CancelSignals:
     def channel(self) -> str:
         return self._keys.cancel_channel()
 
-    def _key(self, session_key: str) -> str:
+    def key(self, session_key: str) -> str:
+        """Where the session's last stop time is kept (read it with :func:`stopped_since_value`)."""
         return self._keys.cancel(session_key)
 
     async def request(self, session_key: str) -> float:
         """Record and broadcast a stop for ``session_key``; returns its timestamp."""
         at = await server_time(self._r)
-        await self._r.set(self._key(session_key), repr(at), ex=CANCEL_TTL_S)
+        await self._r.set(self.key(session_key), repr(at), ex=CANCEL_TTL_S)
         await self._broadcast.publish(self.channel, {"session": session_key, "at": at})
         return at
 
     async def stopped_since(self, session_key: str, started_at: float) -> bool:
         """True when a stop was requested at or after ``started_at``."""
-        raw = await self._r.get(self._key(session_key))
-        return raw is not None and float(raw) >= started_at
+        return stopped_since_value(await self._r.get(self.key(session_key)), started_at)
+
+
+def stopped_since_value(raw: str | bytes | None, started_at: float) -> bool:
+    """Whether a stored stop time (``CancelSignals.key``) is at or after ``started_at``."""
+    return raw is not None and float(raw) >= started_at
 
 
 OUTCOME_TTL_S = 24 * 3600

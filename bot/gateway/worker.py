@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
 import structlog
@@ -26,8 +27,8 @@ from bot import metrics
 from bot.config import BotdConfig
 from bot.gateway.inbox import Inbox
 from bot.gateway.reply import DeliveryLedger, notify
-from bot.gateway.run import RETRY_REASONS, RunExecutor, RunOutcome
-from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time
+from bot.gateway.run import FOLD, RETRY_REASONS, RunExecutor, RunOutcome
+from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time, stopped_since_value
 from bot.store.keys import Keys
 from bot.store.locks import SessionLock
 from channels.base import ChannelAdapter, Target
@@ -56,8 +57,11 @@ class SessionRun:
         inbox: Inbox,
         signals: CancelSignals,
         steer_mode: bool,
+        fold_window_s: float = 0.0,
+        resumed: bool = False,
     ) -> None:
         self.task = task
+        self.resumed = resumed  # a batch a previous attempt left: it may have a saved result
         self.started_at = started_at
         self.run_id = run_id
         self.session_key = session_key
@@ -67,6 +71,10 @@ class SessionRun:
         self._steer_mode = steer_mode
         self._acknowledged = False  # the run has seen its cancellation and is cleaning up
         self._nudger: asyncio.Task[None] | None = None
+        # Until output starts, a message arriving within the window restarts the run with it.
+        self._fold_window_s = fold_window_s
+        self._fold_until = time.monotonic() + fold_window_s
+        self._output_started = False
 
     def cancel(self, reason: str) -> None:
         """Cancel the run (the first reason wins) and keep cancelling until it notices."""
@@ -85,6 +93,24 @@ class SessionRun:
         if self.started_at <= at and self.reason is None:
             self.cancel(reason)
 
+    def fold(self) -> bool:
+        """A message for this session arrived: restart the run with it, if nothing has been
+        shown yet and it came within the burst window of the previous one. True if so."""
+        if self._output_started or self.reason is not None or self.task.done():
+            return False
+        now = time.monotonic()
+        if self._fold_window_s <= 0 or now > self._fold_until:
+            return False
+        self.cancel(FOLD)
+        return True
+
+    def output_started(self) -> None:
+        """Called by the run before it shows anything (text, a tool call, the answer):
+        from here on a new message is a new turn, never folded into this one."""
+        self._output_started = True
+        if self.reason is not None:
+            raise asyncio.CancelledError  # a pending cancellation must win over showing output
+
     def shutdown(self) -> None:
         """The replica is stopping: the batch stays queued for a retry elsewhere."""
         self.reason = "shutdown"
@@ -97,9 +123,15 @@ class SessionRun:
 
     async def steer(self) -> list[RunRequest]:
         """Called before every LLM call: notice a missed /stop, hand over steered messages."""
-        if self.reason is None and await self._signals.stopped_since(self.session_key, self.started_at):
+        taken: list[RunRequest] = []
+        if self._steer_mode:  # the stop check and the take in one round trip
+            taken, raw = await self._inbox.take_reading(self.session_key, self._signals.key(self.session_key))
+            stopped = stopped_since_value(raw, self.started_at)
+        else:
+            stopped = await self._signals.stopped_since(self.session_key, self.started_at)
+        if self.reason is None and stopped:
             self.cancel("stopped")
-        taken = await self._inbox.take(self.session_key) if self._steer_mode else []
+            await asyncio.sleep(0)  # takes the cancellation just requested of this very task
         if self.reason is not None:
             # A cancellation may have been swallowed by a Redis call above: honour it here.
             raise asyncio.CancelledError
@@ -137,6 +169,7 @@ class Workers:
         self._keys = Keys(cfg.redis.prefix)
         self.tasks: dict[str, asyncio.Task[None]] = {}  # the worker serving each session here
         self.active: dict[str, SessionRun] = {}
+        self._rekick: set[str] = set()  # kicked while its worker was already running
         self._slots = asyncio.Semaphore(cfg.gateway.max_concurrent_runs)
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
@@ -166,11 +199,20 @@ class Workers:
         if run is not None:
             run.cancel(reason)
 
+    def fold(self, session_key: str) -> bool:
+        """Fold a just-queued message into the session's run here, if it has shown nothing yet."""
+        run = self.active.get(session_key)
+        return run is not None and run.fold()
+
     # ---- serving a session -------------------------------------------------------------
 
     def kick(self, session_key: str) -> None:
         """Serve ``session_key`` unless this replica already does (or is closing)."""
-        if self._closing or session_key in self.tasks:
+        if self._closing:
+            return
+        if session_key in self.tasks:
+            # Its worker may be past its last look at the inbox: it serves the session again.
+            self._rekick.add(session_key)
             return
         task = asyncio.create_task(self._serve(session_key), name=f"session:{session_key}")
         self.tasks[session_key] = task
@@ -183,6 +225,7 @@ class Workers:
 
     async def _serve(self, session_key: str) -> None:
         held = False
+        waiting = False
         try:
             async with self._slots:
                 lock = self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
@@ -192,46 +235,48 @@ class Workers:
                 try:
                     await self._drain(session_key, lock)
                 finally:
+                    # Released together with a look at the inbox: a message that arrived
+                    # meanwhile (its submitter saw the lock held) is served again below.
+                    waiting = True
+                    self._rekick.discard(session_key)  # a kick before the release is seen by it
                     with contextlib.suppress(Exception):
-                        await asyncio.shield(lock.release())
+                        waiting = await asyncio.shield(lock.release_and_check())
         except RedisError as exc:
             log.warning("worker.store_error", session_key=session_key, error=str(exc))
             return
         finally:
             self._forget(session_key, asyncio.current_task())
-        # A message may have arrived while we were releasing: its submitter saw the lock held.
-        if held and not self._closing:
-            with contextlib.suppress(RedisError):
-                if await self._inbox.waiting(session_key) or await self._inbox.running(session_key):
-                    self.kick(session_key)
+        rekick = session_key in self._rekick
+        self._rekick.discard(session_key)
+        if held and not self._closing and (waiting or rekick):
+            self.kick(session_key)
 
     async def _drain(self, session_key: str, lock: SessionLock) -> None:
         """Run the session's batches while holding its lock.
 
-        Stops when the lock is no longer held (a run only notices a lost lock while it is
-        registered as active; between runs this check does it), and after a batch when
-        other sessions wait for a run slot, so one busy chat cannot keep a slot forever:
-        the worker then goes to the back of the queue.
+        A batch starts at once; messages that arrive before it shows anything are folded
+        into it (the run restarts with them). Stops when the lock is no longer held (a
+        run only notices a lost lock while it is registered as active; between runs this
+        check does it), and after a batch when other sessions wait for a run slot, so one
+        busy chat cannot keep a slot forever: the worker then goes to the back of the queue.
         """
-        first = True
         while not self._closing:
             if not lock.is_held:
                 log.warning("worker.lock_lost_between_runs", session_key=session_key)
                 return
-            batch = await self._inbox.running(session_key)
-            if batch:
+            claim = await self._inbox.claim(session_key)
+            batch, started_at = claim.batch, claim.server_time
+            if claim.resumed:
                 batch = await self._retry_guard(session_key, batch)
-            else:
-                if first:
-                    await self._debounce(session_key)
-                    if self._closing:
-                        return  # shutting down: leave the messages waiting for the next replica
-                batch = await self._inbox.take(session_key)
-            first = False
+                started_at = await server_time(self._r)
             if not batch:
                 await self._inbox.finish(session_key)
                 return
-            outcome = await self._run(session_key, batch, lock)
+            outcome = await self._run(session_key, batch, lock, started_at, resumed=claim.resumed)
+            while outcome == FOLD:
+                batch = batch + await self._inbox.take(session_key)
+                log.info("run.folded", session_key=session_key, run_id=batch[0].run_id, messages=len(batch))
+                outcome = await self._run(session_key, batch, lock, await server_time(self._r), resumed=False)
             if outcome is None:
                 return  # left for a retry (shutdown, lock lost, store error)
             if not await self._inbox.finish(session_key):
@@ -257,30 +302,24 @@ class Workers:
         await self._inbox.finish(session_key)
         return await self._inbox.take(session_key)
 
-    async def _debounce(self, session_key: str) -> None:
-        delay = self.cfg.queue.debounce_ms / 1000
-        head = await self._inbox.peek(session_key)
-        if head is None or head.kind != "chat":
-            return
-        if head.meta.get("media_group"):
-            # An album arrives as one message per file: wait for all of them, so they make one run.
-            delay = max(delay, MEDIA_GROUP_WAIT_S)
-        if delay <= 0:
-            return
-        seen = await self._inbox.waiting(session_key)
-        for _ in range(10):
-            await asyncio.sleep(delay)
-            now = await self._inbox.waiting(session_key)
-            if now == seen:
-                return
-            seen = now
+    def _fold_window(self, batch: list[RunRequest]) -> float:
+        """How long after its start a run takes in more messages; an album arrives as one
+        message per file, and all of them must make one run."""
+        window = self.cfg.queue.debounce_ms / 1000
+        return max(window, MEDIA_GROUP_WAIT_S) if any(r.meta.get("media_group") for r in batch) else window
 
-    async def _run(self, session_key: str, batch: list[RunRequest], lock: SessionLock) -> RunOutcome | None:
+    async def _run(
+        self, session_key: str, batch: list[RunRequest], lock: SessionLock, started_at: float, *, resumed: bool
+    ) -> RunOutcome | Literal["fold"] | None:
+        """One run of ``batch``: its outcome, None when it is left for a retry, or FOLD when
+        it was cancelled to start again with the messages that followed it."""
         task = asyncio.current_task()
         assert task is not None
+        foldable = self.cfg.queue.mode != "interrupt" and all(r.kind == "chat" for r in batch)
         run = SessionRun(
-            task, started_at=await server_time(self._r), run_id=batch[0].run_id, session_key=session_key,
+            task, started_at=started_at, run_id=batch[0].run_id, session_key=session_key,
             inbox=self._inbox, signals=self._signals, steer_mode=self.cfg.queue.mode == "steer",
+            fold_window_s=self._fold_window(batch) if foldable else 0.0, resumed=resumed,
         )
         self.active[session_key] = run
         if not lock.is_held:  # lost while we were registering: on_lost found nothing to cancel
@@ -304,6 +343,8 @@ class Workers:
             timer.cancel()
             self.active.pop(session_key, None)
             run.close()
+        if run.reason == FOLD:
+            return FOLD
         if outcome is not None and run.reason in RETRY_REASONS:
             outcome = None
         if outcome is not None:

@@ -7,8 +7,12 @@ Channel adapters may not import ``bot``, so they get this object through their
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+from redis.commands.core import AsyncScript
 
 from bot.store.keys import Keys
 
@@ -19,6 +23,12 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+
+
+def queue_script(pipe: Pipeline, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> None:
+    """Queue ``script`` on ``pipe`` as an EVAL of its body: queued the usual way, redis-py
+    first asks the server ``SCRIPT EXISTS``, a second round trip for every such pipeline."""
+    pipe.eval(str(script.script), len(keys), *keys, *args)
 
 
 def ttl_ms(ttl_s: float) -> int:

@@ -18,6 +18,7 @@ import socket
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
@@ -55,6 +56,15 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
+"""
+
+# Release a session lock and say, in the same step, whether work is waiting for the session.
+RELEASE_SESSION = """
+local released = 0
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  released = redis.call('DEL', KEYS[1])
+end
+return {released, redis.call('EXISTS', KEYS[2], KEYS[3])}
 """
 
 
@@ -146,19 +156,25 @@ class Lease:
         A Redis error here is logged, not raised: the key then expires by its TTL. Safe to
         call from ``on_lost`` (the watchdog is not awaited then) and more than once.
         """
+        reply = await self._release_with(self._release, [])
+        return bool(reply)
+
+    async def _release_with(self, script: Any, extra_keys: list[str]) -> Any:
+        """Stop the watchdog and run a release ``script`` (keys: ours + ``extra_keys``,
+        args: our token); its reply, or None when there was nothing to release or it failed."""
         watchdog, self._watchdog = self._watchdog, None
         await stop_task(watchdog)
         self._held = False
         token, self._token = self._token, None
         if token is None:
-            return False
+            return None
         try:
             # Bounded: once the TTL has passed the key is gone anyway.
             async with asyncio.timeout(min(self.ttl_s, MAX_RELEASE_WAIT_S)):
-                return bool(await self._release(keys=[self.key], args=[token]))
+                return await script(keys=[self.key, *extra_keys], args=[token])
         except (RedisError, OSError, TimeoutError) as exc:
             log.warning("store.lease.release_failed", key=self.key, error=type(exc).__name__)
-            return False
+            return None
 
     async def __aenter__(self) -> Lease:
         if not await self.acquire(wait=True, timeout_s=self._acquire_timeout_s):
@@ -235,6 +251,14 @@ class SessionLock(Lease):
             acquire_timeout_s=acquire_timeout_s,
         )
         self.session_key = session_key
+        self._work_keys = [keys.inbox(session_key), keys.running(session_key)]
+        self._release_session = client.register_script(RELEASE_SESSION)
+
+    async def release_and_check(self) -> bool:
+        """Release (as :meth:`release`) and say whether the session has work waiting at
+        that moment, queued or left running; True also when that could not be read."""
+        reply = await self._release_with(self._release_session, self._work_keys)
+        return reply is None or bool(reply[1])
 
     async def __aenter__(self) -> SessionLock:
         await super().__aenter__()

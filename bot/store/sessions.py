@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field, ValidationError
 from agent.types import Message
 from bot.store import session_scripts
 from bot.store.keys import Keys
+from bot.store.kv import queue_script
 
 log = structlog.get_logger(__name__)
 
@@ -113,6 +114,35 @@ class SessionStore:
         raw = await self._client.lrange(self._keys.session_messages(session_key), 0, -1)
         return _decode_all(session_key, raw)
 
+    async def context(self, session_key: str) -> tuple[list[Message], str | None]:
+        """History and summary, what a run's prompt needs, in one round trip."""
+        pipe = self._client.pipeline(transaction=False)
+        pipe.lrange(self._keys.session_messages(session_key), 0, -1)
+        pipe.get(self._keys.session_summary(session_key))
+        raw, summary = await pipe.execute()
+        return _decode_all(session_key, raw), (str(summary) if summary is not None else None)
+
+    async def record_run(
+        self, session_key: str, run_id: str, messages: Sequence[Message], usages: Sequence[tuple[int, int]]
+    ) -> tuple[int, int]:
+        """A run's :meth:`append` and one :meth:`record_usage` per LLM call (``run_id:i``),
+        each applied once, in one round trip. Returns the stored message count and the
+        compaction count afterwards, what the compaction trigger needs."""
+        if not run_id:
+            raise ValueError("record_run needs a non-empty run_id (it makes the writes idempotent)")
+        keys = self._session_keys(session_key)
+        pipe = self._client.pipeline(transaction=False)
+        payload = [_encode(m) for m in messages]
+        queue_script(pipe, self._append, keys, [*self._common(f"a:{run_id}", session_key), self.max_messages, *payload])
+        for index, (prompt_tokens, completion_tokens) in enumerate(usages):
+            _check_tokens(prompt_tokens, completion_tokens)
+            args = [*self._common(f"u:{run_id}:{index}", session_key), prompt_tokens, completion_tokens]
+            queue_script(pipe, self._usage, keys, args)
+        pipe.llen(self._keys.session_messages(session_key))
+        pipe.hget(self._keys.session_meta(session_key), "compactions")
+        replies = await pipe.execute()
+        return int(replies[-2]), int(replies[-1] or 0)
+
     async def snapshot(self, session_key: str) -> SessionSnapshot:
         """History, version and summary in one consistent read (MULTI/EXEC)."""
         pipe = self._client.pipeline(transaction=True)
@@ -173,9 +203,7 @@ class SessionStore:
         self, session_key: str, prompt_tokens: int, completion_tokens: int, *, run_id: str | None = None
     ) -> bool:
         """Record one LLM call's tokens (last and totals). With ``run_id``, applied once per run."""
-        for name, value in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        _check_tokens(prompt_tokens, completion_tokens)
         op = f"u:{run_id}" if run_id else f"u:{uuid.uuid4().hex}"
         args = [*self._common(op, session_key), prompt_tokens, completion_tokens]
         return bool(await self._usage(keys=self._session_keys(session_key), args=args))
@@ -228,6 +256,12 @@ class SessionStore:
             count, meta, has_summary = replies[3 * i : 3 * i + 3]
             infos.append(_info_of(sk, int(count), meta, bool(has_summary)))
         return infos
+
+
+def _check_tokens(prompt_tokens: int, completion_tokens: int) -> None:
+    for name, value in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
 
 
 def _encode(message: Message) -> str:

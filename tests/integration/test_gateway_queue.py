@@ -1,5 +1,5 @@
 """One run per session, concurrency across sessions, and the queue modes (steer, followup,
-interrupt), the inbox cap and the debounce."""
+interrupt), the inbox cap, and folding a burst into the running turn."""
 
 from __future__ import annotations
 
@@ -153,21 +153,92 @@ async def test_inbox_cap_drops_the_oldest_and_tells_the_user(
         assert users == ["message 1", "message 3", "message 4"]
 
 
-async def test_debounce_gathers_a_burst_into_one_run(
+async def test_a_lone_message_starts_at_once_whatever_the_burst_window(
     tmp_path: Path, redis_url: str, redis_prefix: str
 ) -> None:
+    gate = Gate(Reply.text("hello back"))
     async with (
-        FakeOpenAI() as fake,
-        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"debounce_ms": 300}) as bot,
+        FakeOpenAI(responder=gate) as fake,
+        # A window of a minute: a message that waited it out would never reach the model here.
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"debounce_ms": 60000}) as bot,
     ):
-        fake.script(Reply.text("all three read"))
-        for part in ("part one", "part two", "part three"):
-            await bot.send(part)
+        await bot.send("hello")
+        await gate.wait_waiting(1, timeout=10.0)
+        gate.release()
         await bot.channel.wait_for(lambda ch: ch.texts("part"))
         await bot.wait_idle()
+        assert bot.channel.texts("part") == ["hello back"]
         assert len(fake.requests) == 1
-        assert request_texts(fake.requests[0]) == ["part one", "part two", "part three"]
+
+
+async def test_a_burst_before_any_output_folds_into_the_running_turn(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    gate = Gate()
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"debounce_ms": 60000}) as bot,
+    ):
+        await bot.send("part one")
+        await gate.wait_waiting(1)  # the model is already working on the first message
+        await bot.send("part two")
+        await gate.wait_hung_up(1)  # its call was dropped, nothing of it was shown
+        await gate.wait_waiting(1)
+        await bot.send("part three")
+        await gate.wait_hung_up(2)
+        await gate.wait_waiting(1)
+        gate.replies.append(Reply.text("all three read"))
+        gate.release()
+        await bot.channel.wait_for(lambda ch: ch.texts("part"))
+        await bot.wait_idle()
         assert bot.channel.texts("part") == ["all three read"]
+        assert all("all three read".startswith(t) for _, t in bot.channel.previews)  # only the final answer showed
+        assert request_texts(fake.requests[-1]) == ["part one", "part two", "part three"]
+        history = await bot.history()
+        assert roles(history) == ["user", "user", "user", "assistant"]
+        assert [m.content for m in history if m.role == "user"] == ["part one", "part two", "part three"]
+
+
+async def test_a_message_after_output_started_is_a_turn_of_its_own(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    slow = Reply.text("one two three four five six seven eight", chunk_delay_s=0.2)
+    gate = Gate(slow, Reply.text("answer two"))
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(
+            tmp_path, fake, redis_url, redis_prefix, queue={"mode": "followup", "debounce_ms": 60000}
+        ) as bot,
+    ):
+        await bot.send("question one")
+        gate.release(2)
+        await bot.channel.wait_for(lambda ch: ch.previews)  # the first answer is showing
+        await bot.send("question two")
+        await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2)
+        await bot.wait_idle()
+        assert gate.hung_up == 0
+        assert bot.channel.texts("part") == ["one two three four five six seven eight", "answer two"]
+        assert request_texts(fake.requests[0]) == ["question one"]
+        assert roles(await bot.history()) == ["user", "assistant", "user", "assistant"]
+
+
+async def test_no_folding_with_a_zero_window(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
+    gate = Gate(Reply.text("answer one"), Reply.text("answer two"))
+    async with (
+        FakeOpenAI(responder=gate) as fake,
+        running_daemon(
+            tmp_path, fake, redis_url, redis_prefix, queue={"mode": "followup", "debounce_ms": 0}
+        ) as bot,
+    ):
+        await bot.send("question one")
+        await gate.wait_waiting(1)
+        await bot.send("question two")
+        gate.release(2)
+        await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2)
+        await bot.wait_idle()
+        assert gate.hung_up == 0
+        assert bot.channel.texts("part") == ["answer one", "answer two"]
+        assert request_texts(fake.requests[0]) == ["question one"]
 
 
 async def test_steer_mode_runs_a_message_that_missed_the_last_llm_call(

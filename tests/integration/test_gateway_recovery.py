@@ -170,28 +170,3 @@ async def test_a_batch_that_keeps_failing_is_abandoned_with_a_notice(
         assert bot.channel.texts("part") == ["answer to the later message"]
         assert len(fake.requests) == 1
         assert request_texts(fake.requests[0]) == ["a later message"]
-
-
-async def test_shutdown_during_the_debounce_starts_no_run(
-    tmp_path: Path, redis_url: str, redis_prefix: str
-) -> None:
-    async with (
-        FakeOpenAI() as fake,
-        running_daemon(
-            tmp_path,
-            fake,
-            redis_url,
-            redis_prefix,
-            queue={"debounce_ms": 1000},
-            gateway={"shutdown_grace_s": 0},
-        ) as bot,
-    ):
-        await bot.send("hello")
-        # The worker holds the lock and waits out the debounce (a whole second) when we stop.
-        await wait_until(lambda: bot.redis.exists(bot.keys.lock(dm_session())))
-        await asyncio.sleep(0.2)
-        await bot.stop()
-        assert fake.requests == []
-        async with aioredis.Redis.from_url(redis_url, decode_responses=True) as r:
-            waiting = await r.lrange(f"{redis_prefix}:inbox:{dm_session()}", 0, -1)
-            assert len(waiting) == 1 and "hello" in waiting[0]
