@@ -60,6 +60,18 @@ SAFETY_RULES: Final[tuple[str, ...]] = (
 )
 
 
+FILES_IN = (
+    "Files people send (photos, documents, voice notes...) are saved for you, and their message "
+    "carries one line per file: [attachment: <absolute path> (<mime type>, <bytes> bytes)]. Open "
+    "them with your tools (read_file for text; bash for other formats). A line [attachment "
+    "skipped: ...] names a file you did not get and why; the person was told already."
+)
+FILES_OUT = (
+    "To give the person a file (a report you wrote, an image, a CSV), call send_file with its "
+    "path and an optional caption; do not paste a long file into your reply instead."
+)
+
+
 @dataclass(frozen=True)
 class PromptSpec:
     """Everything the system prompt depends on (no I/O except reading workspace files)."""
@@ -101,7 +113,7 @@ def identity_section(spec: PromptSpec) -> str:
 def tooling_section(spec: PromptSpec) -> str:
     if not spec.tools:
         return _section("Tooling", "No tools are available in this run. Answer from what you know.")
-    pairs = spec.tools.items() if isinstance(spec.tools, Mapping) else spec.tools
+    pairs = list(spec.tools.items() if isinstance(spec.tools, Mapping) else spec.tools)
     lines = [f"- {single_line(name, 64)}: {single_line(desc, 300)}" for name, desc in sorted(pairs)]
     body = (
         "Tools available in this run:\n"
@@ -109,7 +121,11 @@ def tooling_section(spec: PromptSpec) -> str:
         + "\n\nCall tools through the function-calling interface only; never write tool-call markup "
         "or invented tool results into your reply. Do not claim to have done something a tool "
         "did not confirm. Independent calls may be made together in one turn."
+        + "\n\n"
+        + FILES_IN
     )
+    if any(name == "send_file" for name, _ in pairs):
+        body += " " + FILES_OUT
     return _section("Tooling", body)
 
 

@@ -5,6 +5,8 @@ They are pydantic models so that they round-trip through Redis as JSON exactly.
 
 from __future__ import annotations
 
+import base64
+import os
 import time
 import uuid
 from typing import Annotated, Any, Literal
@@ -66,6 +68,27 @@ class SlackChat(BaseModel):
 ChatRef = Annotated[TelegramChat | SlackChat, Field(discriminator="platform")]
 
 
+AttachmentKind = Literal["photo", "document", "audio", "voice", "video", "video_note", "sticker", "file"]
+
+
+class Attachment(BaseModel):
+    """A file a person sent with a message, as the platform describes it (nothing fetched yet).
+
+    ``name``, ``mime`` and ``size`` are the platform's claims: shown to nobody as a path and
+    checked again while the file is downloaded.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    kind: AttachmentKind
+    file_id: str  # the platform's handle: a Telegram file_id, a Slack file id
+    name: str = ""
+    mime: str = ""
+    size: int | None = None
+    url: str | None = None  # where to download it, when the platform says so up front (Slack)
+    unsupported: str | None = None  # why it cannot be fetched at all (told to the model and the person)
+
+
 class RunRequest(BaseModel):
     """One unit of work for the gateway: a chat message, a heartbeat or a cron fire."""
 
@@ -85,6 +108,7 @@ class RunRequest(BaseModel):
     received_at: float = Field(default_factory=time.time)
     dedupe_key: str | None = None
     chat: ChatRef | None = None
+    attachments: list[Attachment] = Field(default_factory=list)
     # Scheduling facts for the daemon (job_id, fire_time, trigger, fresh_session, timeout_s).
     meta: dict[str, str] = Field(default_factory=dict)
 
@@ -107,6 +131,9 @@ class Message(BaseModel):
     is_error: bool = False
     reasoning: str | None = None
     name: str | None = None
+    # Images for vision models, sent as ``image_url`` parts of a user message: the paths of
+    # their downscaled copies (agent/images.py), read into data URLs only for the request.
+    images: list[str] | None = None
 
     @classmethod
     def system(cls, text: str) -> Message:
@@ -134,6 +161,10 @@ class Message(BaseModel):
                     {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
                     for c in self.tool_calls
                 ]
+        elif self.images and self.role == "user" and (urls := [u for u in map(_image_url, self.images) if u]):
+            parts: list[dict[str, Any]] = [{"type": "text", "text": self.content or ""}]
+            parts.extend({"type": "image_url", "image_url": {"url": url}} for url in urls)
+            out["content"] = parts
         else:
             out["content"] = self.content or ""
         if self.role == "tool":
@@ -164,6 +195,25 @@ class Message(BaseModel):
             reasoning=data.get("reasoning"),
             name=data.get("name"),
         )
+
+
+_VISION_MIME = {".vision.jpg": "image/jpeg", ".vision.png": "image/png"}
+
+
+def _image_url(ref: str) -> str | None:
+    """A data URL for an image reference: a data URL as is, or the downscaled copy a path
+    names (only such copies are read; None when it is gone, e.g. cleaned from the inbox)."""
+    if ref.startswith("data:image/"):
+        return ref
+    mime = next((m for suffix, m in _VISION_MIME.items() if ref.endswith(suffix)), None)
+    if mime is None or not os.path.isabs(ref):
+        return None
+    try:
+        with open(ref, "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return None
+    return f"data:{mime};base64,{base64.b64encode(data).decode('ascii')}"
 
 
 class Usage(BaseModel):

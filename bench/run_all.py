@@ -46,6 +46,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "store_ops": ["--ops", "500", "--sessions", "100"],
     "gateway": ["--quick"],
     "slack": ["--events", "100", "--burst", "50", "--replies", "50"],
+    "attachments": ["--samples", "5"],
 }
 
 

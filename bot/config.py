@@ -68,6 +68,7 @@ class LLMConfig(_Section):
     max_output_tokens: int = Field(4096, ge=1)
     request_timeout_s: float = Field(120, gt=0)
     max_retries: int = Field(3, ge=0, le=10)
+    vision: bool = False  # also send images as image_url parts (the model must accept them)
     price: PriceConfig | None = None  # of llm.model, unless llm.models lists it with its own
     models: dict[str, ModelConfig] = Field(default_factory=dict)
 
@@ -313,6 +314,15 @@ class LogConfig(_Section):
     format: Literal["json", "console"] = "json"
 
 
+class AttachmentsConfig(_Section):
+    """Files people send: fetched into the session's ``inbox/``, within these limits."""
+
+    enabled: bool = True
+    max_bytes: int = Field(20 * 1024 * 1024, ge=1)
+    max_files: int = Field(10, ge=1, le=100)
+    keep_days: float = Field(7, gt=0)
+
+
 class BotdConfig(BaseSettings):
     """The whole configuration."""
 
@@ -334,6 +344,7 @@ class BotdConfig(BaseSettings):
     scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
     mcp: McpConfig = Field(default_factory=McpConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    attachments: AttachmentsConfig = Field(default_factory=AttachmentsConfig)
     # The file this config was read from (None: defaults and environment only).
     _source: Path | None = PrivateAttr(default=None)
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from aiohttp import web
 
-from agent.types import ChatRef, RunRequest
+from agent.types import Attachment, ChatRef, RunRequest
 
 Scope = Literal["dm", "group", "channel"]
 ThreadKind = Literal["thread", "topic"]
@@ -158,3 +159,30 @@ class ChannelAdapter(Protocol):
     def open_stream(self, target: Target, run_id: str) -> ReplyStream: ...
     async def send_text(self, target: Target, text: str) -> str | None: ...
     async def ask_approval(self, target: Target, approval_id: str, summary: str) -> None: ...
+
+
+class FileTransferError(Exception):
+    """A file could not be fetched or sent; the message is safe to show to the user and the
+    model (no tokens, no platform URLs)."""
+
+
+class FileTooLarge(FileTransferError):
+    """The file is over the size limit (known before or found while downloading)."""
+
+
+FileSink = Callable[[bytes], Awaitable[None]]
+
+
+@runtime_checkable
+class FileChannel(Protocol):
+    """A channel that can fetch the files people send and send files to a chat.
+
+    ``download`` streams the file in chunks to ``sink`` (never holding it whole) and
+    raises :class:`FileTooLarge` as soon as more than ``max_bytes`` arrived, or
+    :class:`FileTransferError` for anything else; it returns the byte count and the
+    content type the platform served. ``send_file`` uploads a local file to the chat of
+    ``target`` (in its thread) and returns the platform's message/file id.
+    """
+
+    async def download(self, attachment: Attachment, sink: FileSink, max_bytes: int) -> tuple[int, str]: ...
+    async def send_file(self, target: Target, path: Path, caption: str | None) -> str | None: ...

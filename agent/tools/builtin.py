@@ -8,13 +8,14 @@ from agent.tools.bash import BashTool
 from agent.tools.cli_tools import load_cli_tools
 from agent.tools.files import ListDirectoryTool, ReadFileTool, WriteFileTool
 from agent.tools.registry import Tool, ToolSettings
+from agent.tools.send_file import SendFileTool
 
-BUILTIN_TOOL_NAMES = ("bash", "read_file", "write_file", "list_directory")
+BUILTIN_TOOL_NAMES = ("bash", "read_file", "write_file", "list_directory", "send_file")
 
 
 def builtin_tools(settings: ToolSettings) -> list[Tool]:
-    """``bash``, ``read_file``, ``write_file`` and ``list_directory``, shaped by ``settings``."""
-    return [BashTool(settings), ReadFileTool(), WriteFileTool(), ListDirectoryTool()]
+    """``bash``, ``read_file``, ``write_file``, ``list_directory`` and ``send_file``, shaped by ``settings``."""
+    return [BashTool(settings), ReadFileTool(), WriteFileTool(), ListDirectoryTool(), SendFileTool()]
 
 
 def load_tools(settings: ToolSettings, cli_tools_file: Path | None) -> list[Tool]:

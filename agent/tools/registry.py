@@ -29,6 +29,10 @@ from agent.types import Category, ToolPolicy
 if TYPE_CHECKING:
     from agent.tools.paths import PathGuard
 
+# Sends a file to the run's chat: (resolved path, caption) -> what to tell the model.
+# Raises ToolError when the file cannot be sent. Given by the daemon; None: no chat to send to.
+FileSender = Callable[[Path, str | None], Awaitable[str]]
+
 # Asked before an admin tool runs in an interactive run: (tool name, arguments) -> approved?
 ApprovalCallback = Callable[[str, dict[str, Any]], Awaitable[bool]]
 
@@ -84,6 +88,7 @@ class ToolContext:
     policy: ToolPolicy = field(default_factory=ToolPolicy)
     chat: dict[str, str | None] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    send_file: FileSender | None = None
 
 
 @dataclass

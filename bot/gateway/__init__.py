@@ -11,6 +11,8 @@ Modules, in the order a message meets them (DESIGN.md §2):
                    run's cancellation and steering.
 - ``run.py``       one batch as one run: resume a saved result, prepare, run the agent
                    (``RunObserver`` watches its events), finish.
+- ``attachments.py`` files a message brought, fetched into the session's ``inbox/`` before
+                   the run asks the model; ``send_file``'s uploads, once per run.
 - ``context.py``   the session's context: its fill, and the compaction hook a run's
                    pre-flight budget check calls (``agent.budget``).
 - ``reply.py``     live previews and exactly-once delivery (``DeliveryLedger``).

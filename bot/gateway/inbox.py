@@ -246,4 +246,8 @@ class Inbox:
 def describe(req: RunRequest, limit: int = 60) -> str:
     """A short quote of a message for notices ("dropped: …")."""
     text = " ".join(req.text.split())
-    return json.dumps(text if len(text) <= limit else text[: limit - 1] + "…", ensure_ascii=False)
+    quoted = json.dumps(text if len(text) <= limit else text[: limit - 1] + "…", ensure_ascii=False)
+    if not req.attachments:
+        return quoted
+    files = f"{len(req.attachments)} file" + ("s" if len(req.attachments) > 1 else "")
+    return f"{quoted} with {files}" if text else files

@@ -5,7 +5,7 @@ preview must be at least as careful while the text is incomplete: a reply that i
 may still become, NO_REPLY / HEARTBEAT_OK shows nothing, and an unclosed thinking block
 or a half-written tag is cut off.
 
-Idempotent delivery: each reply part is claimed in Redis (``HSETNX``) before the send and
+Idempotent delivery: each reply part (and each file ``send_file`` sends) is claimed in Redis (``HSETNX``) before the send and
 marked sent after it, so a retried run never sends a part twice. A replica dying between
 claim and send loses that part rather than duplicating it: parts are at-most-once, which
 is what a chat reader prefers. Whole results are stored before delivery, so a retried run
@@ -55,6 +55,10 @@ class DeliveryLedger:
         pipe.expire(key, _TTL_S)
         claimed, _ = await pipe.execute()
         return bool(claimed)
+
+    async def release(self, run_id: str, part: str) -> None:
+        """Forget a claim whose send surely did not happen, so it may be claimed again."""
+        await self._r.hdel(self._parts(run_id), part)
 
     async def mark(self, run_id: str, part: str, state: str) -> None:
         await self._r.hset(self._parts(run_id), part, state)

@@ -27,6 +27,7 @@ import structlog
 from agent import notices
 from agent.budget import Preflight
 from agent.guard import apply_guard
+from agent.images import drop_old_images
 from agent.llm_types import ChatModel
 from agent.loop import RunCancelled, run_loop
 from agent.prompt import PromptSpec, build_system_prompt
@@ -45,6 +46,7 @@ from agent.types import (
 )
 from bot import metrics
 from bot.config import BotdConfig
+from bot.gateway.attachments import Attachments
 from bot.gateway.context import RunContext, baseline_for
 from bot.gateway.reply import DeliveryLedger, Reply, notify
 from bot.models import ModelCatalog, ModelProfile
@@ -183,6 +185,8 @@ class RunObserver:
 class RunExecutor:
     def __init__(self, deps: RunDeps) -> None:
         self.deps = deps
+        # Files go to the inbox of the directory the session's tools work in.
+        self.attachments = Attachments(deps.cfg, deps.ledger, lambda req: self._settings(req).workspace)
 
     async def execute(self, batch: list[RunRequest], control: RunControl) -> RunOutcome:
         """Run ``batch`` (oldest first) as one turn; never raises for run-level failures."""
@@ -255,10 +259,15 @@ class RunExecutor:
         """The model's input: system prompt, the prepared history, the new user messages."""
         if verbose():
             turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
+        await self.attachments.sweep(turn.last)
         system = build_system_prompt(
             self._prompt_spec(turn.last, self._settings(turn.last).workspace, context.profile.id)
         )
-        return await context.request(user_messages, Message.system(system))
+        first, *rest = await context.request(user_messages, Message.system(system))
+        # Images cost the most context: the oldest go first (their text stays), all of them
+        # when the model is not a vision model.
+        image_budget = context.profile.context_window // 4 if self.deps.cfg.llm.vision else 0
+        return [first, *drop_old_images(rest, image_budget)]
 
     async def _run_agent(
         self, turn: _Turn, control: RunControl, messages: list[Message], model: TracingModel
@@ -277,6 +286,9 @@ class RunExecutor:
         async def steer_messages() -> list[Message]:
             return await self._guarded(await control.steer(), turn.channel, turn.target)
 
+        async def send_file(path: Path, caption: str | None) -> str:
+            return await self.attachments.send_once(turn.channel, turn.target, turn.run_id, path, caption)
+
         ctx = ToolContext(
             run_id=turn.run_id,
             session_key=turn.session_key,
@@ -285,6 +297,7 @@ class RunExecutor:
             chat={"channel": last.channel, "chat_id": last.chat_id, "thread_id": last.thread_id,
                   "user_id": last.user_id},
             extra={**deps.tool_extra, "user_id": last.user_id, "user_name": last.user_name},
+            send_file=send_file,
         )
         preflight = None
         if turn.context is not None:
@@ -382,7 +395,12 @@ class RunExecutor:
             if outcome.blocked:
                 await notify(channel, target, self.deps.ledger, req.run_id, "blocked", outcome.reason or "Blocked.")
                 continue
-            out.append(Message.user(outcome.text))
+            if not req.attachments:
+                out.append(Message.user(outcome.text))
+                continue
+            files = await self.attachments.prepare(req, channel, target)
+            text = "\n".join([outcome.text, *files.lines]) if outcome.text else "\n".join(files.lines)
+            out.append(Message(role="user", content=text, images=files.images or None))
         return out
 
     async def _persist(

@@ -37,6 +37,8 @@ log = structlog.get_logger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
 MAX_ATTEMPTS = 3
+# How long the items of an album (one message per file) are waited for to make one run.
+MEDIA_GROUP_WAIT_S = 1.0
 
 LockFactory = Callable[[str, Callable[[], None]], SessionLock]
 
@@ -300,6 +302,12 @@ class Workers:
         await self._inbox.finish(session_key)
         return await self._inbox.take(session_key)
 
+    def _fold_window(self, batch: list[RunRequest]) -> float:
+        """How long after its start a run takes in more messages; an album arrives as one
+        message per file, and all of them must make one run."""
+        window = self.cfg.queue.debounce_ms / 1000
+        return max(window, MEDIA_GROUP_WAIT_S) if any(r.meta.get("media_group") for r in batch) else window
+
     async def _run(
         self, session_key: str, batch: list[RunRequest], lock: SessionLock, started_at: float, *, resumed: bool
     ) -> RunOutcome | Literal["fold"] | None:
@@ -311,7 +319,7 @@ class Workers:
         run = SessionRun(
             task, started_at=started_at, run_id=batch[0].run_id, session_key=session_key,
             inbox=self._inbox, signals=self._signals, steer_mode=self.cfg.queue.mode == "steer",
-            fold_window_s=self.cfg.queue.debounce_ms / 1000 if foldable else 0.0, resumed=resumed,
+            fold_window_s=self._fold_window(batch) if foldable else 0.0, resumed=resumed,
         )
         self.active[session_key] = run
         if not lock.is_held:  # lost while we were registering: on_lost found nothing to cancel

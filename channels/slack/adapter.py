@@ -28,6 +28,7 @@ import contextlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -39,11 +40,20 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.base import ChannelContext, ChannelStartError, KeyValue, PairingGate, Target
+from agent.types import Attachment
+from channels.base import (
+    ChannelContext,
+    ChannelStartError,
+    FileSink,
+    KeyValue,
+    PairingGate,
+    Target,
+)
 from channels.slack.access import AccessPolicy
 from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.approval import approval_decided, approval_prompt
 from channels.slack.commands import APPROVE_ACTION, DENY_ACTION, ApprovalAnswer, CommandIntake, sender_of
+from channels.slack.files import SlackFiles
 from channels.slack.format import format_parts, preview_part
 from channels.slack.http_events import NOT_ACCEPTED_STATUS, SlackEventsEndpoint
 from channels.slack.intake import BotIdentity, Outcome, SlackIntake
@@ -92,6 +102,7 @@ class SlackChannel:
         self._observer = observer
         self._session: aiohttp.ClientSession | None = None
         self._api: SlackApi | None = None
+        self._files: SlackFiles | None = None
         self._identity: BotIdentity | None = None
         self._intake: SlackIntake | None = None
         self._commands: CommandIntake | None = None
@@ -141,6 +152,7 @@ class SlackChannel:
             retry_handlers=[],
         )
         self._api = SlackApi(client, max_retries=s.api_max_retries)
+        self._files = SlackFiles(self._api, self._session, s.bot_token, s.base_url)
         try:
             auth = await self._api.call("auth.test")
         except SlackCallError as exc:
@@ -388,6 +400,16 @@ class SlackChannel:
             data = await self.api.call("chat.postMessage", **args)
             first = first or str(data["ts"])
         return first
+
+    async def download(self, attachment: Attachment, sink: FileSink, max_bytes: int) -> tuple[int, str]:
+        if self._files is None:
+            raise RuntimeError("the Slack channel is not started")
+        return await self._files.download(attachment, sink, max_bytes)
+
+    async def send_file(self, target: Target, path: Path, caption: str | None) -> str | None:
+        if self._files is None:
+            raise RuntimeError("the Slack channel is not started")
+        return await self._files.send(target, path, caption)
 
     async def ask_approval(self, target: Target, approval_id: str, summary: str) -> None:
         text, blocks = approval_prompt(approval_id, summary)

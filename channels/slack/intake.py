@@ -13,7 +13,8 @@ so there is one normalization path. What it decides:
   DM is answered with a pairing code (once per post) instead of being submitted;
 - Slack's retries (same ``event_id``) and the message/app_mention twins of one post
   (same team, channel, ts) carry one dedupe key, so the gateway runs the post once;
-- ``stop`` / ``!stop`` as the whole message becomes ``/stop``.
+- ``stop`` / ``!stop`` as the whole message becomes ``/stop``;
+- the message's ``files`` become attachments (a message may be files alone).
 
 An event is *accepted* once the gateway has taken it (``submit`` answered anything but
 ``error``); only then may the adapter acknowledge it to Slack. An :class:`Outcome` of
@@ -35,6 +36,7 @@ import structlog
 from agent.types import RunRequest, SlackChat
 from channels.base import ChannelContext, PairingGate, SubmitResult
 from channels.slack.access import AccessPolicy
+from channels.slack.files import message_files
 from channels.slack.text import strip_mention, to_plain
 
 log = structlog.get_logger(__name__)
@@ -164,15 +166,17 @@ class SlackIntake:
             if await self._ctx.kv.get(thread_key(channel, thread_ts)) is None:
                 return Outcome("ignored", "thread_not_joined")
         text = to_plain(text).strip()
-        if not text:
+        files = message_files(event.get("files"))
+        if not text and not files:
             return Outcome("ignored", "empty")
 
-        control = text.lower() in _STOP_WORDS
+        control = text.lower() in _STOP_WORDS and not files
         try:
             request = await self._request(
                 team=team, channel=channel, user=user, ts=ts, thread_ts=thread_ts, is_dm=is_dm,
                 text="/stop" if control else text, control=control,
             )  # fmt: skip
+            request.attachments = files
             result = await self._ctx.submit(request)
         except Exception as exc:
             log.error("slack.submit_failed", event_id=event_id, error=str(exc))

@@ -15,6 +15,7 @@ import hashlib
 import html
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -22,12 +23,22 @@ from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup
 from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TelegramError
 from telegram.request import HTTPXRequest
 
-from agent.types import RunRequest, TelegramChat
-from channels.base import UNLISTED, ChannelContext, ChannelStartError, PairingGate, ReplyStream, Target
+from agent.types import Attachment, RunRequest, TelegramChat
+from channels.base import (
+    UNLISTED,
+    ChannelContext,
+    ChannelStartError,
+    FileSink,
+    PairingGate,
+    ReplyStream,
+    Target,
+)
+from channels.telegram.files import TelegramFiles
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
     CONTROL_COMMANDS,
     DM_NOT_ALLOWED,
+    NOT_ADDRESSED,
     Access,
     BotIdentity,
     Ignored,
@@ -52,6 +63,7 @@ APPROVAL_SUMMARY_LIMIT = 3000
 # Start-up failures worth another try: no (usable) answer. BadRequest is a NetworkError in
 # python-telegram-bot but an answer all the same, and is never retried.
 _UNREACHABLE = (NetworkError, RetryAfter, OSError, TimeoutError)
+ALBUM_TTL_S = 120.0  # an album's items arrive within seconds of each other
 
 
 class TelegramStartError(ChannelStartError):
@@ -85,6 +97,7 @@ class TelegramChannel:
         self._ctx: ChannelContext | None = None
         self._bot: Bot | None = None
         self._sender: TelegramSender | None = None
+        self._files: TelegramFiles | None = None
         self._command_names: frozenset[str] = CONTROL_COMMANDS
         self._up = False
         self._stopping = False
@@ -110,6 +123,7 @@ class TelegramChannel:
         await self._close_bot()  # a restart replaces the clients of the previous run
         self._bot = self._make_bot()
         self._sender = TelegramSender(self._bot, max_attempts=self.send_attempts, backoff_s=self.send_backoff_s)
+        self._files = TelegramFiles(self._sender)
         if self.settings.mode == "webhook":
             ctx.add_route("POST", self.settings.webhook_path, self.webhook.handle_request)
         try:
@@ -229,6 +243,10 @@ class TelegramChannel:
         if self._bot is not None:
             with contextlib.suppress(Exception):
                 await self._bot.shutdown()
+        if self._files is not None:
+            with contextlib.suppress(Exception):
+                await self._files.aclose()
+            self._files = None
 
     def is_ready(self) -> bool:
         if not self._up or self._stopping:
@@ -285,6 +303,7 @@ class TelegramChannel:
         except Exception:
             log.exception("telegram.normalize_failed", update_id=update.update_id)
             return
+        decision = await self._album_addressed(update, decision, access, ctx)
         if isinstance(decision, Ignored):
             if decision.unauthorized:
                 log.info("telegram.unauthorized", user_id=decision.user_id, chat_id=decision.chat_id,
@@ -306,6 +325,23 @@ class TelegramChannel:
             await self._answer_callback(decision.callback_id, "Approved." if decision.decision == "approve" else "Denied.")
             if update.callback_query is not None and update.callback_query.message is not None:
                 await self._remove_buttons(update.callback_query.message.chat.id, update.callback_query.message.message_id)
+
+    async def _album_addressed(
+        self, update: Update, decision: Inbound | Ignored, access: Access, ctx: ChannelContext
+    ) -> Inbound | Ignored:
+        """Only an album's first item carries the caption (and the mention): in a group, the
+        rest of an album whose first item addressed the bot is addressed too."""
+        msg = update.message
+        if msg is None or not msg.media_group_id or self.me is None:
+            return decision
+        key = f"telegram:album:{msg.chat.id}:{msg.media_group_id}"
+        if isinstance(decision, Inbound):
+            if decision.scope == "group":
+                await ctx.kv.set(key, "1", ALBUM_TTL_S)
+            return decision
+        if decision.reason == NOT_ADDRESSED and await ctx.kv.get(key) is not None:
+            return normalize_update(update, self.me, access, self._command_names, addressed=True)
+        return decision
 
     def _pairing(self) -> PairingGate | None:
         return self._ctx.pairing if self._ctx is not None and self.settings.dm_policy == "pairing" else None
@@ -343,7 +379,11 @@ class TelegramChannel:
             reply_to=inbound.message_id,
             dedupe_key=dedupe,
             chat=TelegramChat(chat_type=inbound.chat_type, is_forum=inbound.is_forum),
-            meta={} if inbound.listed else {UNLISTED: "1"},
+            attachments=list(inbound.attachments),
+            meta={
+                **({} if inbound.listed else {UNLISTED: "1"}),
+                **({"media_group": inbound.media_group} if inbound.media_group else {}),
+            },
         )
 
     async def _answer_callback(self, callback_id: str, text: str | None) -> None:
@@ -390,6 +430,16 @@ class TelegramChannel:
             msg = await sender.send(chat, part, reply=index == 0)
             first = first or str(msg.message_id)
         return first
+
+    async def download(self, attachment: Attachment, sink: FileSink, max_bytes: int) -> tuple[int, str]:
+        if self._files is None:
+            raise RuntimeError("the telegram channel is not started")
+        return await self._files.download(attachment, sink, max_bytes)
+
+    async def send_file(self, target: Target, path: Path, caption: str | None) -> str | None:
+        if self._files is None:
+            raise RuntimeError("the telegram channel is not started")
+        return str((await self._files.send(chat_ref(target), path, caption)).message_id)
 
     async def ask_approval(self, target: Target, approval_id: str, summary: str) -> None:
         """Post the summary with Approve/Deny buttons (callback data ``ap:<id>:y|n``)."""

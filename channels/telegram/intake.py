@@ -10,7 +10,9 @@ Pure functions over python-telegram-bot objects (no I/O), so every rule is unit-
   ``*``) and, unless ``require_mention`` is off, address the bot: an ``@botname``
   mention, a text mention of the bot user, ``/cmd@botname``, one of the bot's own
   commands at the start, or a reply to one of the bot's messages;
-* the bot's own mention is removed from the text; media become short placeholders;
+* the bot's own mention is removed from the text; photos, documents, audio, voice,
+  video, video notes and stickers become attachments (the caption is the text; an
+  album's items carry its ``media_group_id``), other media short placeholders;
 * forum topics keep their thread, the General topic and reply threads do not.
 
 python-telegram-bot checks no types when it builds an ``Update`` from JSON, so an update
@@ -29,12 +31,14 @@ from typing import Literal
 
 from telegram import CallbackQuery, Chat, Message, MessageEntity, Update, User
 
+from agent.types import Attachment
 from channels.telegram.settings import TelegramSettings
 
 DM_NOT_ALLOWED = "sender not allowed"
 CONTROL_COMMANDS = frozenset(
     {"stop", "stopall", "new", "status", "help", "approve", "deny", "compact", "model", "usage"}
 )
+NOT_ADDRESSED = "group message not addressed to the bot"
 APPROVAL_DATA = re.compile(r"^ap:([A-Za-z0-9_-]{1,48}):([yn])$")
 
 
@@ -70,6 +74,8 @@ class Inbound:
     # The sender passes the strict check approvals use (listed, when there is an allowlist);
     # a group admits every member, but only listed users may change what the bot costs (/model).
     listed: bool = True
+    attachments: tuple[Attachment, ...] = ()
+    media_group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -139,16 +145,26 @@ def _split_ids(entries: Iterable[str]) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def normalize_update(
-    update: Update, me: BotIdentity, access: Access, commands: frozenset[str] = CONTROL_COMMANDS
+    update: Update,
+    me: BotIdentity,
+    access: Access,
+    commands: frozenset[str] = CONTROL_COMMANDS,
+    *,
+    addressed: bool = False,
 ) -> Inbound | Ignored:
-    """Decide what an update means for the bot; raises only :class:`MalformedUpdate`."""
+    """Decide what an update means for the bot; raises only :class:`MalformedUpdate`.
+
+    ``addressed``: the caller knows the message is meant for the bot (the rest of an
+    album whose first item mentioned it)."""
     try:
-        return _normalize_update(update, me, access, commands)
+        return _normalize_update(update, me, access, commands, addressed)
     except (AttributeError, TypeError, ValueError, KeyError, IndexError) as exc:
         raise MalformedUpdate(f"malformed update ({type(exc).__name__}: {exc})") from exc
 
 
-def _normalize_update(update: Update, me: BotIdentity, access: Access, commands: frozenset[str]) -> Inbound | Ignored:
+def _normalize_update(
+    update: Update, me: BotIdentity, access: Access, commands: frozenset[str], addressed: bool
+) -> Inbound | Ignored:
     if update.callback_query is not None:
         return normalize_callback(update.update_id, update.callback_query, access)
     if update.edited_message is not None or update.edited_channel_post is not None:
@@ -158,18 +174,26 @@ def _normalize_update(update: Update, me: BotIdentity, access: Access, commands:
     msg = update.message
     if msg is None:
         return Ignored("unsupported update type")
-    return normalize_message(update.update_id, msg, me, access, commands)
+    return normalize_message(update.update_id, msg, me, access, commands, addressed=addressed)
 
 
 def normalize_message(
-    update_id: int, msg: Message, me: BotIdentity, access: Access, commands: frozenset[str] = CONTROL_COMMANDS
+    update_id: int,
+    msg: Message,
+    me: BotIdentity,
+    access: Access,
+    commands: frozenset[str] = CONTROL_COMMANDS,
+    *,
+    addressed: bool = False,
 ) -> Inbound | Ignored:
     user, chat = msg.from_user, msg.chat
     if user is None or user.is_bot or msg.sender_chat is not None:
         return Ignored("sent by a bot or on behalf of a chat", chat_id=str(chat.id))
     if chat.type == Chat.CHANNEL:
         return Ignored("channel post", chat_id=str(chat.id))
-    body = message_body(msg)
+    attachments = message_attachments(msg)
+    caption = msg.text if msg.text is not None else msg.caption
+    body = (caption or "") if attachments else message_body(msg)
     if body is None:
         return Ignored("service message", user_id=str(user.id), chat_id=str(chat.id))
     if chat.type == Chat.PRIVATE:
@@ -178,14 +202,14 @@ def normalize_message(
         scope: Literal["dm", "group"] = "dm"
         chat_id = str(user.id)
     else:
-        addressed = addresses_bot(msg, me, commands)
+        addressed = addressed or addresses_bot(msg, me, commands)
         if access.require_mention and not addressed:
-            return Ignored("group message not addressed to the bot", user_id=str(user.id), chat_id=str(chat.id))
+            return Ignored(NOT_ADDRESSED, user_id=str(user.id), chat_id=str(chat.id))
         if not access.group_allowed(chat):
             return Ignored("group not allowed", unauthorized=True, user_id=str(user.id), chat_id=str(chat.id))
         scope, chat_id = "group", str(chat.id)
     text = strip_bot_mention(msg, body, me)
-    if not text:
+    if not text and not attachments:
         return Ignored("empty after removing the mention", user_id=str(user.id), chat_id=chat_id)
     is_forum = bool(chat.is_forum)
     topic = str(msg.message_thread_id) if is_forum and msg.is_topic_message and msg.message_thread_id else None
@@ -202,7 +226,57 @@ def normalize_message(
         text=text,
         message_id=str(msg.message_id),
         listed=access.approver_allowed(user, chat),
+        attachments=tuple(attachments),
+        media_group=msg.media_group_id if attachments and msg.media_group_id else None,
     )
+
+
+def message_attachments(msg: Message) -> list[Attachment]:
+    """The files of a message, as Telegram describes them (an animation stays a placeholder)."""
+    if msg.animation is not None:
+        return []
+    if msg.photo:
+        largest = max(msg.photo, key=lambda p: (p.width * p.height, p.file_size or 0))
+        return [Attachment(kind="photo", file_id=largest.file_id, name="photo.jpg", mime="image/jpeg",
+                           size=largest.file_size)]
+    if msg.document is not None:
+        d = msg.document
+        return [Attachment(kind="document", file_id=d.file_id, name=d.file_name or "", mime=d.mime_type or "",
+                           size=d.file_size)]
+    if msg.audio is not None:
+        a = msg.audio
+        return [Attachment(kind="audio", file_id=a.file_id, name=a.file_name or a.title or "", mime=a.mime_type or "",
+                           size=a.file_size)]
+    if msg.voice is not None:
+        v = msg.voice
+        return [Attachment(kind="voice", file_id=v.file_id, name="voice.ogg", mime=v.mime_type or "audio/ogg",
+                           size=v.file_size)]
+    if msg.video is not None:
+        v2 = msg.video
+        return [Attachment(kind="video", file_id=v2.file_id, name=v2.file_name or "video.mp4",
+                           mime=v2.mime_type or "video/mp4", size=v2.file_size)]
+    if msg.video_note is not None:
+        n = msg.video_note
+        return [Attachment(kind="video_note", file_id=n.file_id, name="video_note.mp4", mime="video/mp4",
+                           size=n.file_size)]
+    if msg.sticker is not None:
+        return _sticker_image(msg)
+    return []
+
+
+def _sticker_image(msg: Message) -> list[Attachment]:
+    """A sticker as an image: the sticker itself when static (WebP), else its thumbnail."""
+    sticker = msg.sticker
+    assert sticker is not None
+    emoji = sticker.emoji or ""
+    if not sticker.is_animated and not sticker.is_video:
+        return [Attachment(kind="sticker", file_id=sticker.file_id, name=f"sticker{emoji}.webp", mime="image/webp",
+                           size=sticker.file_size)]
+    thumb = sticker.thumbnail
+    if thumb is None:
+        return []
+    return [Attachment(kind="sticker", file_id=thumb.file_id, name=f"sticker{emoji}.webp", mime="image/webp",
+                       size=thumb.file_size)]
 
 
 def normalize_callback(update_id: int, query: CallbackQuery, access: Access) -> Inbound | Ignored:

@@ -61,7 +61,8 @@ Reply kinds (all are ``Reply`` instances; keyword arguments combine freely):
 
 Recording: ``fake.requests`` (every request body, in order), ``fake.request_headers``,
 ``fake.disconnects`` (an ``EventCounter``: ``.count`` and ``await .wait(n)``; counts
-clients that hung up before the reply was complete), ``await fake.wait_for_requests(n)``.
+clients that hung up before the reply was complete), ``await fake.wait_for_requests(n)``,
+``fake.image_urls(i)`` (the image parts of a request).
 
 HTTP control API (for subprocess tests and bench scripts):
 
@@ -138,6 +139,17 @@ def echo_last_user(body: dict[str, Any]) -> Reply:
         if isinstance(message, dict) and message.get("role") == "user":
             return Reply.text(_text_of(message.get("content")))
     return Reply.text("")
+
+
+def image_urls(body: dict[str, Any]) -> list[str]:
+    """Every ``image_url`` part of the user messages in a request body, in order."""
+    urls: list[str] = []
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if message.get("role") == "user" and isinstance(content, list):
+            urls += [str(p["image_url"]["url"]) for p in content
+                     if isinstance(p, dict) and p.get("type") == "image_url" and isinstance(p.get("image_url"), dict)]
+    return urls
 
 
 def _text_of(content: Any) -> str:
@@ -237,6 +249,10 @@ class FakeOpenAI:
         self.request_headers.clear()
         self.disconnects.reset()
         self._received.reset()
+
+    def image_urls(self, index: int = -1) -> list[str]:
+        """The ``image_url`` parts of the user messages of request ``index`` (data URLs)."""
+        return image_urls(self.requests[index])
 
     async def wait_for_requests(self, n: int, timeout_s: float = 5.0) -> None:
         """Wait until at least ``n`` chat requests have arrived."""

@@ -30,6 +30,7 @@ from urllib.parse import urlencode
 from aiohttp import WSMsgType, web
 
 from tests.fakes.chaos import Chaos
+from tests.fakes.slack_files import SlackFileStore
 
 
 @dataclass
@@ -57,7 +58,7 @@ CHAOS_KINDS = ("500", "503", "timeout", "drop", "drop_after", "malformed", "msg_
 
 
 
-class FakeSlack:
+class FakeSlack(SlackFileStore):
     def __init__(
         self,
         *,
@@ -92,13 +93,15 @@ class FakeSlack:
         self._changed: asyncio.Condition | None = None
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self._init_files()
 
     # -- lifecycle --------------------------------------------------------------------
     async def __aenter__(self) -> FakeSlack:
         self._changed = asyncio.Condition()
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/api/{method}", self._api)
         app.router.add_get("/socket", self._socket)
+        self._add_file_routes(app)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

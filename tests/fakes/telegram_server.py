@@ -30,6 +30,7 @@ import aiohttp
 from aiohttp import web
 
 from tests.fakes.chaos import Chaos
+from tests.fakes.telegram_files import FileStore, Upload
 from tests.fakes.telegram_html import TelegramHTMLError, parse_telegram_html
 from tests.fakes.telegram_updates import SentMessage, UpdateBuilder, auto_entities, utf16_len
 
@@ -104,7 +105,7 @@ class _Poll:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-class FakeTelegram(UpdateBuilder):
+class FakeTelegram(FileStore, UpdateBuilder):
     """The fake Bot API. Use as ``async with FakeTelegram() as fake``."""
 
     def __init__(
@@ -145,6 +146,7 @@ class FakeTelegram(UpdateBuilder):
         self.terminated_polls = 0  # getUpdates calls ended by a concurrent one (409)
         self._runner: web.AppRunner | None = None
         self.port = 0
+        self._init_files()
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -156,8 +158,9 @@ class FakeTelegram(UpdateBuilder):
         await self.stop()
 
     async def start(self) -> None:
-        app = web.Application()
+        app = web.Application(client_max_size=64 * 1024 * 1024)  # uploads up to Telegram's 50 MB and over
         app.router.add_route("*", "/bot{token}/{method}", self._handle)
+        app.router.add_get("/file/bot{token}/{path:.+}", self._serve_file)
         # No access log: it would print the token in every request line.
         self._runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0, access_log=None)
         await self._runner.setup()
@@ -621,7 +624,9 @@ async def _read_params(request: web.Request) -> dict[str, Any]:
             return params
         form = await request.post()
         for key, value in form.items():
-            params[key] = value if isinstance(value, str) else value.file.read()
+            params[key] = value if isinstance(value, str) else Upload(
+                value.filename, value.content_type, value.file.read()
+            )
     for key, value in list(params.items()):
         if not isinstance(value, str):
             continue

@@ -92,7 +92,8 @@ def _decide(data: Any) -> Inbound | Ignored | None:
 
 
 def _check_inbound(result: Inbound) -> None:
-    assert isinstance(result.text, str) and result.text.strip() == result.text and result.text
+    assert isinstance(result.text, str) and result.text.strip() == result.text
+    assert result.text or result.attachments  # a file alone is a message; nothing at all is not
     assert isinstance(result.user_id, str) and isinstance(result.chat_id, str)
     if result.scope == "dm" or result.callback_id is not None:
         assert ACCESS.user_listed_id(result.user_id, result.username), result

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from telegram import Update
 
+from agent.types import Attachment
 from channels.telegram.intake import DM_NOT_ALLOWED, Access, BotIdentity, Ignored, Inbound, normalize_update
 from channels.telegram.settings import TelegramSettings
 from tests.fakes.telegram_server import FakeTelegram
@@ -210,22 +211,20 @@ def test_reply_thread_in_plain_supergroup_is_not_a_topic(fake: FakeTelegram) -> 
 def test_photo_with_caption(fake: FakeTelegram) -> None:
     photo = {"photo": [{"file_id": "p1", "file_unique_id": "u1", "width": 90, "height": 90}]}
     msg = fake.private_message(42, None, caption="look at this", media=photo)
-    assert inbound(upd(fake, msg), allow_from=("42",)).text == "[photo]\nlook at this"
+    got = inbound(upd(fake, msg), allow_from=("42",))
+    assert got.text == "look at this"  # the caption is the text; the photo is an attachment
+    assert got.attachments == (Attachment(kind="photo", file_id="p1", name="photo.jpg", mime="image/jpeg"),)
 
 
 def test_caption_mention_in_group(fake: FakeTelegram) -> None:
     photo = {"photo": [{"file_id": "p1", "file_unique_id": "u1", "width": 90, "height": 90}]}
     msg = fake.group_message(-1001, 42, None, caption="@botd_test_bot what is this", media=photo)
-    assert inbound(upd(fake, msg), groups=("*",)).text == "[photo]\nwhat is this"
+    assert inbound(upd(fake, msg), groups=("*",)).text == "what is this"
 
 
 @pytest.mark.parametrize(
     ("media", "expected"),
     [
-        ({"voice": {"file_id": "v", "file_unique_id": "v", "duration": 3}}, "[voice]"),
-        ({"document": {"file_id": "d", "file_unique_id": "d", "file_name": "report.pdf"}}, "[document: report.pdf]"),
-        ({"sticker": {"file_id": "s", "file_unique_id": "s", "type": "regular", "width": 1, "height": 1,
-                      "is_animated": False, "is_video": False, "emoji": "😀"}}, "[sticker 😀]"),
         ({"location": {"latitude": 52.5, "longitude": 13.4}}, "[location: 52.50000, 13.40000]"),
         ({"animation": {"file_id": "a", "file_unique_id": "a", "width": 1, "height": 1, "duration": 1},
           "document": {"file_id": "a", "file_unique_id": "a"}}, "[animation]"),
@@ -233,7 +232,46 @@ def test_caption_mention_in_group(fake: FakeTelegram) -> None:
 )
 def test_media_placeholders(fake: FakeTelegram, media: dict[str, Any], expected: str) -> None:
     msg = fake.private_message(42, None, media=media)
-    assert inbound(upd(fake, msg), allow_from=("42",)).text == expected
+    got = inbound(upd(fake, msg), allow_from=("42",))
+    assert (got.text, got.attachments) == (expected, ())
+
+
+_STICKER = {"file_id": "s", "file_unique_id": "s", "type": "regular", "width": 1, "height": 1, "emoji": "😀"}
+
+
+@pytest.mark.parametrize(
+    ("media", "expected"),
+    [
+        ({"voice": {"file_id": "v", "file_unique_id": "v", "duration": 3}},
+         Attachment(kind="voice", file_id="v", name="voice.ogg", mime="audio/ogg")),
+        ({"document": {"file_id": "d", "file_unique_id": "d", "file_name": "report.pdf", "file_size": 7}},
+         Attachment(kind="document", file_id="d", name="report.pdf", size=7)),
+        ({"sticker": {**_STICKER, "is_animated": False, "is_video": False}},
+         Attachment(kind="sticker", file_id="s", name="sticker😀.webp", mime="image/webp")),
+        ({"sticker": {**_STICKER, "is_animated": True, "is_video": False,
+                      "thumbnail": {"file_id": "t", "file_unique_id": "t", "width": 1, "height": 1}}},
+         Attachment(kind="sticker", file_id="t", name="sticker😀.webp", mime="image/webp")),
+    ],
+)
+def test_files_become_attachments_without_a_placeholder(
+    fake: FakeTelegram, media: dict[str, Any], expected: Attachment
+) -> None:
+    got = inbound(upd(fake, fake.private_message(42, None, media=media)), allow_from=("42",))
+    assert (got.text, got.attachments, got.media_group) == ("", (expected,), None)
+
+
+def test_album_items_carry_their_media_group(fake: FakeTelegram) -> None:
+    photo = {"photo": [{"file_id": "small", "file_unique_id": "a", "width": 90, "height": 60, "file_size": 900},
+                       {"file_id": "large", "file_unique_id": "b", "width": 1280, "height": 853, "file_size": 90000}]}
+    msg = fake.private_message(42, None, media=photo, extra={"media_group_id": "777"})
+    got = inbound(upd(fake, msg), allow_from=("42",))
+    assert got.media_group == "777" and [a.file_id for a in got.attachments] == ["large"]
+
+
+def test_animated_sticker_without_thumbnail_stays_a_placeholder(fake: FakeTelegram) -> None:
+    media = {"sticker": {**_STICKER, "is_animated": True, "is_video": False}}
+    got = inbound(upd(fake, fake.private_message(42, None, media=media)), allow_from=("42",))
+    assert (got.text, got.attachments) == ("[sticker 😀]", ())
 
 
 def test_bot_senders_are_ignored(fake: FakeTelegram) -> None:

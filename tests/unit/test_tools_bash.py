@@ -185,4 +185,6 @@ async def test_blocked_command_is_refused_and_runs_nothing(settings: ToolSetting
 
 def test_builtin_tool_names_and_categories(settings: ToolSettings) -> None:
     tools = {t.name: t.category for t in builtin_tools(settings)}
-    assert tools == {"bash": "write", "read_file": "read", "write_file": "write", "list_directory": "read"}
+    assert tools == {
+        "bash": "write", "read_file": "read", "write_file": "write", "list_directory": "read", "send_file": "write",
+    }
