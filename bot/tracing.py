@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 
 from agent import notices
 from agent.llm_types import ChatModel, DeltaCallback, LLMError, LLMResponse
-from agent.types import Message, Usage
+from agent.types import Message, ToolResultEvent, Usage
 from bot import metrics
 from bot.store.keys import Keys
 
@@ -63,6 +63,20 @@ class Trace(BaseModel):
 
     def span(self, kind: str, name: str, start: float, *, error: str | None = None, **attrs: Any) -> Span:
         span = Span(kind=kind, name=name, start=start, ms=round((time.time() - start) * 1000, 2), error=error, attrs=attrs)
+        self.spans.append(span)
+        return span
+
+    def tool_span(self, event: ToolResultEvent) -> Span:
+        """Record a finished tool call; its input and output only when verbose (they may be large or private)."""
+        ms = event.duration_ms or 0.0
+        failed = event.tool_result.is_error
+        attrs: dict[str, Any] = {}
+        if verbose():
+            attrs = {"input": clip(event.tool_call.arguments), "output": clip(event.tool_result.content or "")}
+        span = Span(
+            kind="tool", name=event.tool_call.name, start=time.time() - ms / 1000, ms=round(ms, 2),
+            error=(event.tool_result.content or "")[:200] if failed else None, attrs=attrs,
+        )
         self.spans.append(span)
         return span
 

@@ -9,12 +9,14 @@ Modules, in the order a message meets them (DESIGN.md §2):
                    the inbound dedupe of everything never queued (``Deduper``).
 - ``worker.py``    serving a session: lock, drain, run, sweep; ``SessionRun`` owns one
                    run's cancellation and steering.
-- ``run.py``       one batch as one run: resume a saved result, prepare, run the agent
-                   (``RunObserver`` watches its events), finish.
+- ``run.py``       one batch as one run: resume a saved result, prepare, run the agent,
+                   finish (store, deliver, record).
+- ``prompt.py``    the run's system prompt, from the config, the tools and the session.
+- ``observer.py``  ``RunObserver``: the agent's events as previews, tool spans, metrics.
 - ``attachments.py`` files a message brought, fetched into the session's ``inbox/`` before
                    the run asks the model; ``send_file``'s uploads, once per run.
-- ``context.py``   the session's context: its fill, and the compaction hook a run's
-                   pre-flight budget check calls (``agent.budget``).
+- ``context.py``   the session's context: its fill, the compaction hook a run's
+                   pre-flight budget check calls (``agent.budget``), the warning notice.
 - ``reply.py``     live previews and exactly-once delivery (``DeliveryLedger``).
 - ``redelivery.py`` parts whose send failed, retried with backoff by any replica for a
                    bounded time, then given up and the chat told once.

@@ -3,7 +3,8 @@
 The agent side (``agent.budget``) decides when a request is too big; this side knows the
 session: its model, its stored history and summary, and how to compact it. A run gets
 a :class:`RunContext` whose ``compact`` is the loop's pre-flight hook; ``/usage``,
-``/status`` and the warning after a run read :func:`context_tokens`.
+``/status`` read :func:`context_tokens`, and a chat reply ends with
+:meth:`RunContext.warning_notice` when the run left the context nearly full.
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from dataclasses import dataclass
 
 import structlog
 
+from agent import notices
 from agent.budget import SUMMARY_RESERVE_TOKENS, Baseline, ContextBudget
 from agent.history import prepare_history
 from agent.tokens import estimate_tokens
 from agent.tools.registry import ToolSettings
-from agent.types import Message
+from agent.types import Message, Usage
 from bot.compactor import SessionCompactor, stored_tokens
 from bot.models import ModelProfile
 from bot.store.sessions import SessionStore, SessionUsage
@@ -91,3 +93,14 @@ class RunContext:
         if not outcome.stored:
             return None
         return await self.request(self.user_messages, self.system)
+
+    async def warning_notice(self, last_call: Usage) -> str:
+        """The line added under a chat reply when the context passed the warning share
+        (once, until it drops below again); empty otherwise, or when the store fails."""
+        tokens = last_call.prompt_tokens + last_call.completion_tokens
+        try:
+            first = await self.sessions.note_context_warning(self.session_key, self.budget.should_warn(tokens))
+        except Exception as exc:
+            log.warning("context.warning_failed", session_key=self.session_key, error=str(exc))
+            return ""
+        return f"\n\n{notices.context_warning(self.budget.fill(tokens))}" if first else ""

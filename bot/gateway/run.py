@@ -17,10 +17,8 @@ import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
-from zoneinfo import ZoneInfo
 
 import structlog
 
@@ -30,28 +28,25 @@ from agent.guard import apply_guard
 from agent.images import drop_old_images
 from agent.llm_types import ChatModel
 from agent.loop import RunCancelled, run_loop
-from agent.prompt import PromptSpec, build_system_prompt
 from agent.tasks import uncancel_current
 from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings
 from agent.types import (
-    AgentEvent,
-    ChunkEvent,
     DeliveryStatus,
     Message,
     RunRequest,
     RunResult,
     RunStatus,
-    ToolCallEvent,
-    ToolResultEvent,
 )
 from bot import metrics
 from bot.config import BotdConfig
 from bot.gateway.attachments import Attachments
 from bot.gateway.context import RunContext, baseline_for
+from bot.gateway.observer import RunObserver
+from bot.gateway.prompt import system_prompt
 from bot.gateway.reply import DeliveryLedger, Reply, notify
 from bot.models import ModelCatalog, ModelProfile
 from bot.store.sessions import SessionStore
-from bot.tracing import Span, Trace, TraceStore, TracingModel, clip, verbose
+from bot.tracing import Trace, TraceStore, TracingModel, clip, verbose
 from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
@@ -155,33 +150,6 @@ class _Turn:
         return self.batch[0].session_key
 
 
-class RunObserver:
-    """Watches the loop's events: previews for text, a trace span and a metric per tool."""
-
-    def __init__(self, reply: Reply, trace: Trace, control: RunControl) -> None:
-        self._reply = reply
-        self._trace = trace
-        self._control = control
-
-    async def __call__(self, event: AgentEvent) -> None:
-        if isinstance(event, ChunkEvent):
-            self._control.output_started()
-            await self._reply.on_chunk(event.text)
-        elif isinstance(event, ToolCallEvent):
-            self._control.output_started()
-            self._reply.reset_text()
-            await self._reply.on_tool(event.tool_call.name)
-        elif isinstance(event, ToolResultEvent):
-            result = event.tool_result
-            failed = result.is_error
-            await self._reply.on_tool(event.tool_call.name, done=True, ok=not failed, ms=event.duration_ms or 0.0)
-            metrics.TOOL_CALLS.labels(event.tool_call.name, "error" if failed else "ok").inc()
-            attrs: dict[str, Any] = {}
-            if verbose():
-                attrs = {"input": clip(event.tool_call.arguments), "output": clip(result.content or "")}
-            self._trace.spans.append(_tool_span(event, failed, attrs))
-
-
 class RunExecutor:
     def __init__(self, deps: RunDeps) -> None:
         self.deps = deps
@@ -260,9 +228,8 @@ class RunExecutor:
         if verbose():
             turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
         await self.attachments.sweep(turn.last)
-        system = build_system_prompt(
-            self._prompt_spec(turn.last, self._settings(turn.last).workspace, context.profile.id)
-        )
+        workspace = self._settings(turn.last).workspace
+        system = system_prompt(self.deps.cfg, self.deps.tools, turn.last, workspace, context.profile.id)
         first, *rest = await context.request(user_messages, Message.system(system))
         # Images cost the most context: the oldest go first (their text stays), all of them
         # when the model is not a vision model.
@@ -354,7 +321,10 @@ class RunExecutor:
             await self._persist(session_key, run_id, user_messages, result, model, turn.profile)
             return RunOutcome(run_id, "failed", "none", detail)
 
-        text = result.text + await self._context_notice(turn, model)
+        notice = ""
+        if turn.first.kind == "chat" and turn.context is not None and model.usages:
+            notice = await turn.context.warning_notice(model.usages[-1])
+        text = result.text + notice
         saved = result.model_copy(update={"messages": user_messages + result.messages, "text": text})
         await deps.ledger.save_result(run_id, saved)
         delivery = await turn.reply.finish(text)
@@ -368,21 +338,6 @@ class RunExecutor:
             except Exception as exc:
                 turn.bound.warning("compaction.failed", error=str(exc))
         return RunOutcome(run_id, _status(result), delivery, result.error, result.text)
-
-    async def _context_notice(self, turn: _Turn, model: TracingModel) -> str:
-        """The line added under a chat reply when the context passed the warning share
-        (once, until it drops below again); empty otherwise."""
-        if turn.first.kind != "chat" or turn.context is None or not model.usages:
-            return ""
-        last = model.usages[-1]
-        tokens = last.prompt_tokens + last.completion_tokens
-        budget = turn.context.budget
-        try:
-            first = await self.deps.sessions.note_context_warning(turn.session_key, budget.should_warn(tokens))
-        except Exception as exc:
-            turn.bound.warning("context.warning_failed", error=str(exc))
-            return ""
-        return f"\n\n{notices.context_warning(budget.fill(tokens))}" if first else ""
 
     async def _guarded(self, batch: list[RunRequest], channel: ChannelAdapter, target: Target) -> list[Message]:
         """Apply the input guard to each message; blocked ones are answered and left out."""
@@ -429,32 +384,7 @@ class RunExecutor:
         workspaces = self.deps.workspaces
         return workspaces.settings_for(req) if workspaces else self.deps.tool_settings
 
-    def _prompt_spec(self, req: RunRequest, session_workspace: Path, model_id: str) -> PromptSpec:
-        cfg = self.deps.cfg
-        tz_name = cfg.heartbeat.timezone if req.kind == "heartbeat" else cfg.scheduler.timezone
-        tools = self.deps.tools
-        return PromptSpec(
-            mode=req.prompt_mode,
-            workspace=cfg.workspace,
-            tools={name: (tool.description if (tool := tools.get(name)) else "") for name in tools.names()},
-            user_name=req.user_name,
-            user_id=req.user_id,
-            channel=req.channel,
-            now=datetime.now(UTC).astimezone(ZoneInfo(tz_name)),
-            timezone=tz_name,
-            agent_id=cfg.agent.id,
-            model=model_id,
-            session_workspace=session_workspace,
-        )
-
 
 def _status(result: RunResult) -> OutcomeStatus:
     return "max_iterations" if result.status == "max_iterations" else "completed"
 
-
-def _tool_span(event: ToolResultEvent, failed: bool, attrs: dict[str, Any]) -> Span:
-    ms = event.duration_ms or 0.0
-    return Span(
-        kind="tool", name=event.tool_call.name, start=time.time() - ms / 1000, ms=round(ms, 2),
-        error=(event.tool_result.content or "")[:200] if failed else None, attrs=attrs,
-    )
