@@ -282,14 +282,10 @@ class _Run:
         output = await self._execute_tool(call)
         result = Message.tool(call.id, output.content, is_error=output.is_error)
         results[index] = result
+        duration_ms = (time.monotonic() - started) * 1000
+        error = output.content if output.is_error else None
         await self.emit(
-            ToolResultEvent(
-                run_id=self.run_id,
-                tool_call=call,
-                tool_result=result,
-                duration_ms=(time.monotonic() - started) * 1000,
-                error=output.content if output.is_error else None,
-            )
+            ToolResultEvent(run_id=self.run_id, tool_call=call, tool_result=result, duration_ms=duration_ms, error=error)
         )
 
     async def _execute_tool(self, call: ToolCall) -> ToolOutput:
@@ -367,12 +363,7 @@ class _Run:
 
     def _result(self, status: RunStatus, *, text: str = "", error: str | None = None) -> RunResult:
         return RunResult(
-            text=text,
-            messages=list(self.new),
-            usage=self.usage,
-            status=status,
-            error=error,
-            iterations=self.iterations,
+            text=text, messages=list(self.new), usage=self.usage, status=status, error=error, iterations=self.iterations
         )
 
     async def emit(self, event: AgentEvent) -> None:
