@@ -7,18 +7,10 @@ RunRequests and never wait for a run. Outbound goes through api.py (rate limits,
 retries) and stream.py. ``auth.test`` at start tells who the bot is; bolt gets that
 result through ``authorize`` so it makes no extra calls per request.
 
-Accept, then acknowledge. Bolt runs with ``process_before_response=True``: a listener
-submits first (a quick Redis enqueue) and only then lets bolt acknowledge, so Slack
-never hears "got it" about an event that is not stored. When the gateway does not take
-it (``submit`` answers ``error``, Redis raises, or there is no answer within
-``accept_timeout_s``, 2.5 s, well inside Slack's 3 s) the listener returns a 503
-response instead: over HTTP that is the answer, and Slack retries with
-``X-Slack-Retry-Num``; in Socket Mode bolt's handler sends no ack for a non-200, and
-Slack redelivers the envelope. The submit itself is never cancelled at the deadline
-(a half-done ``/new`` must not be cut off): it finishes in the background, and the
-redelivery is then answered by the gateway's dedupe. The same holds for slash commands and
-approval buttons (Slack shows the person an error instead of retrying those); the
-approval message is updated in the background after the answer.
+Accept, then acknowledge (acceptance.py): a listener submits before bolt acknowledges,
+and answers "not accepted" when the gateway does not take the request in time. The same
+holds for slash commands and approval buttons (Slack shows the person an error instead
+of retrying those); the approval message is updated in the background after the answer.
 """
 
 from __future__ import annotations
@@ -27,9 +19,8 @@ import asyncio
 import contextlib
 import logging
 import re
-from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 import structlog
@@ -49,13 +40,14 @@ from channels.base import (
     PairingGate,
     Target,
 )
+from channels.slack.acceptance import AcceptGate, Observer, not_accepted
 from channels.slack.access import AccessPolicy
 from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.approval import approval_decided, approval_prompt
 from channels.slack.commands import APPROVE_ACTION, DENY_ACTION, ApprovalAnswer, CommandIntake, sender_of
 from channels.slack.files import SlackFiles
 from channels.slack.format import format_parts, preview_part
-from channels.slack.http_events import NOT_ACCEPTED_STATUS, SlackEventsEndpoint
+from channels.slack.http_events import SlackEventsEndpoint
 from channels.slack.intake import BotIdentity, Outcome, SlackIntake
 from channels.slack.settings import SlackSettings
 from channels.slack.stream import SlackReplyStream
@@ -64,20 +56,7 @@ log = structlog.get_logger(__name__)
 
 DRAIN_TIMEOUT_S = 5.0
 
-_T = TypeVar("_T")
-
-Observer = Callable[[str, Outcome], None]
-
-
 _TOKEN_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"})
-
-
-def _not_accepted(outcome: Outcome) -> BoltResponse:
-    """Bolt's answer for an event the gateway did not take: 503 over HTTP, no ack over the socket."""
-    return BoltResponse(
-        status=NOT_ACCEPTED_STATUS,
-        body={"ok": False, "error": f"not accepted ({outcome.reason}), retry later"},
-    )
 
 
 class SlackStartError(ChannelStartError):
@@ -99,7 +78,6 @@ class SlackChannel:
 
     def __init__(self, settings: SlackSettings, *, observer: Observer | None = None) -> None:
         self.settings = settings
-        self._observer = observer
         self._session: aiohttp.ClientSession | None = None
         self._api: SlackApi | None = None
         self._files: SlackFiles | None = None
@@ -111,10 +89,8 @@ class SlackChannel:
         self._socket: AsyncSocketModeHandler | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._endpoint: SlackEventsEndpoint | None = None
-        self._inflight: set[asyncio.Task[Any]] = set()
         self._kv: KeyValue | None = None
-        # Events are handled concurrently; a burst must not exhaust the store's connections.
-        self._intake_slots = asyncio.Semaphore(settings.max_concurrent_intake)
+        self._gate = AcceptGate(settings.max_concurrent_intake, observer)
 
     # -- lifecycle --------------------------------------------------------------------
     @property
@@ -241,8 +217,7 @@ class SlackChannel:
             self._connect_task.cancel()
             await asyncio.gather(self._connect_task, return_exceptions=True)
         await self.drain(DRAIN_TIMEOUT_S)
-        for task in list(self._inflight):
-            task.cancel()
+        self._gate.cancel_all()
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -263,62 +238,9 @@ class SlackChannel:
 
     async def drain(self, within_s: float = DRAIN_TIMEOUT_S) -> None:
         """Wait (bounded) for inbound requests being handled right now (and their follow-ups)."""
-        if self._inflight:
-            await asyncio.wait(set(self._inflight), timeout=within_s)
+        await self._gate.drain(within_s)
 
     # -- inbound ----------------------------------------------------------------------
-    async def _accept(self, kind: str, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
-        """Run ``work`` (normalize and submit one inbound request) and tell whether it was
-        accepted, within ``accept_timeout_s``.
-
-        Waiting for one of the ``max_concurrent_intake`` slots counts against the deadline.
-        ``work`` runs in its own task, shielded: at the deadline the answer is "not
-        accepted" (``failed``/``timeout``) but the submit is left to finish (and is logged
-        when it does), since cutting a submit off midway could leave it half done. Any
-        exception is "not accepted" too.
-        """
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.settings.accept_timeout_s
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self._intake_slots.acquire()
-        except TimeoutError:
-            outcome = Outcome("failed", "busy")
-        else:
-            task = self._spawn(self._holding_slot(kind, work))
-            try:
-                outcome = await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                outcome = Outcome("failed", "timeout")
-                task.add_done_callback(lambda t: self._log_late(kind, t))
-        if not outcome.accepted:
-            log.warning("slack.not_acknowledged", kind=kind, reason=outcome.reason)
-        if self._observer is not None:
-            self._observer(kind, outcome)
-        return outcome
-
-    async def _holding_slot(self, kind: str, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
-        try:
-            return await work()
-        except Exception as exc:
-            log.error("slack.inbound_failed", kind=kind, error=str(exc))
-            return Outcome("failed", type(exc).__name__)
-        finally:
-            self._intake_slots.release()
-
-    @staticmethod
-    def _log_late(kind: str, task: asyncio.Task[Outcome]) -> None:
-        if not task.cancelled():
-            outcome = task.result()
-            log.info("slack.inbound_finished_late", kind=kind, status=outcome.status, reason=outcome.reason)
-
-    def _spawn(self, work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
-        """A task the channel waits for (bounded) when it stops."""
-        task = asyncio.get_running_loop().create_task(work)
-        self._inflight.add(task)
-        task.add_done_callback(self._inflight.discard)
-        return task
-
     async def _paired(self, user_id: str) -> bool:
         """Whether pairing approved this user; fails closed when the store does not answer."""
         if self._pairing is None or not user_id:
@@ -332,8 +254,8 @@ class SlackChannel:
     async def _on_event(self, body: dict[str, Any]) -> BoltResponse | None:
         assert self._intake is not None
         intake = self._intake
-        outcome = await self._accept("event", lambda: intake.on_event(body))
-        return None if outcome.accepted else _not_accepted(outcome)  # None: bolt acks
+        outcome = await self._gate.accept("event", lambda: intake.on_event(body), self.settings.accept_timeout_s)
+        return None if outcome.accepted else not_accepted(outcome)  # None: bolt acks
 
     async def _on_command(self, ack: AsyncAck, body: dict[str, Any]) -> BoltResponse | None:
         assert self._commands is not None
@@ -346,16 +268,18 @@ class SlackChannel:
                 return Outcome("denied" if plan.rejected == "denied" else "ignored", plan.rejected)
             return Outcome.of(result)
 
-        outcome = await self._accept("command", work)
+        outcome = await self._gate.accept("command", work, self.settings.accept_timeout_s)
         if not outcome.accepted:
-            return _not_accepted(outcome)
+            return not_accepted(outcome)
         await ack(text=plan.ack_text, response_type="ephemeral")
         return None
 
     async def _on_action(self, ack: AsyncAck, body: dict[str, Any]) -> BoltResponse | None:
-        outcome = await self._accept("action", lambda: self._answer_approval(body))
+        outcome = await self._gate.accept(
+            "action", lambda: self._answer_approval(body), self.settings.accept_timeout_s
+        )
         if not outcome.accepted:
-            return _not_accepted(outcome)
+            return not_accepted(outcome)
         await ack()
         return None
 
@@ -366,7 +290,7 @@ class SlackChannel:
             return Outcome("ignored", "not_admitted")
         result = await self._commands.submit_approval(answer)
         if result.status in ("command", "queued"):
-            self._spawn(self._mark_decided(answer))  # a Slack API call: not before the answer
+            self._gate.spawn(self._mark_decided(answer))  # a Slack API call: not before the answer
         return Outcome.of(result)
 
     async def _mark_decided(self, answer: ApprovalAnswer) -> None:

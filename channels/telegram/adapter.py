@@ -9,30 +9,23 @@ token across replicas) or a webhook route on botd's HTTP server; both feed
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import hashlib
-import html
-import json
-import re
 from pathlib import Path
 from typing import Any
 
 import structlog
-from telegram import Bot, BotCommand, InlineKeyboardButton, InlineKeyboardMarkup, Update
-from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TelegramError
-from telegram.request import HTTPXRequest
+from telegram import Bot, Update
 
 from agent.types import Attachment, RunRequest, TelegramChat
 from channels.base import (
     UNLISTED,
     ChannelContext,
-    ChannelStartError,
     FileSink,
     PairingGate,
     ReplyStream,
     Target,
 )
+from channels.telegram.approval import answer_callback, approval_message, remove_buttons
 from channels.telegram.files import TelegramFiles
 from channels.telegram.format import render_parts, render_preview
 from channels.telegram.intake import (
@@ -49,25 +42,24 @@ from channels.telegram.intake import (
 )
 from channels.telegram.polling import PollingIntake
 from channels.telegram.redact import TokenRedactor, scrub
-from channels.telegram.send import ChatRef, TelegramSender
+from channels.telegram.send import TelegramSender, chat_ref
 from channels.telegram.settings import TelegramSettings
+from channels.telegram.startup import (
+    TelegramStartError,
+    bring_up_bounded,
+    make_bot,
+    start_error,
+    sync_commands,
+)
 from channels.telegram.stream import TelegramReplyStream
 from channels.telegram.webhook import BadUpdate, WebhookIntake
 
 log = structlog.get_logger(__name__)
 
 ALLOWED_UPDATES = ("message", "callback_query")
-APPROVAL_ID = re.compile(r"^[A-Za-z0-9_-]{1,48}$")
-_COMMAND_NAME = re.compile(r"^[a-z0-9_]{1,32}$")
-APPROVAL_SUMMARY_LIMIT = 3000
-# Start-up failures worth another try: no (usable) answer. BadRequest is a NetworkError in
-# python-telegram-bot but an answer all the same, and is never retried.
-_UNREACHABLE = (NetworkError, RetryAfter, OSError, TimeoutError)
 ALBUM_TTL_S = 120.0  # an album's items arrive within seconds of each other
 
-
-class TelegramStartError(ChannelStartError):
-    """The channel cannot start; the message is one line naming the key to fix, safe to show."""
+__all__ = ["TelegramChannel", "TelegramStartError"]
 
 
 class TelegramChannel:
@@ -121,87 +113,26 @@ class TelegramChannel:
         self._command_names = CONTROL_COMMANDS | {c.lstrip("/").lower() for c, _ in ctx.commands}
         self._redactor.install()
         await self._close_bot()  # a restart replaces the clients of the previous run
-        self._bot = self._make_bot()
+        self._bot = make_bot(self.settings)
         self._sender = TelegramSender(self._bot, max_attempts=self.send_attempts, backoff_s=self.send_backoff_s)
         self._files = TelegramFiles(self._sender)
         if self.settings.mode == "webhook":
             ctx.add_route("POST", self.settings.webhook_path, self.webhook.handle_request)
         try:
-            await self._bring_up_bounded()
-        except InvalidToken:
+            await bring_up_bounded(self.settings, self._bring_up, self.connect_backoff_s)
+        except Exception as exc:
+            error = start_error(exc, self.settings)
+            if error is None:
+                raise
             await self._close_bot()
-            raise TelegramStartError("the Bot API rejected telegram.token; check the token") from None
-        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # e.g. getMe without a field
-            await self._close_bot()
-            raise TelegramStartError(
-                f"the Bot API answered getMe with an unreadable result ({type(exc).__name__}); "
-                "check that telegram.api_base_url points at a Telegram Bot API",
-                exit_code=1,
-            ) from None
-        except BadRequest as exc:
-            await self._close_bot()
-            raise self._refused(exc) from None
-        except _UNREACHABLE as exc:
-            await self._close_bot()
-            if isinstance(exc, TimeoutError):
-                cause = f"no answer within {self.settings.start_timeout_s:g} s"
-            else:
-                # "httpx.ConnectError: All connection attempts failed": the library's name is noise here.
-                cause = re.sub(r"^httpx\.\w+: ", "", scrub(str(exc))) or type(exc).__name__
-            raise TelegramStartError(
-                f"cannot reach the Telegram Bot API at {self._api_base()} ({cause}); check the network "
-                "(proxy, firewall, DNS) or telegram.api_base_url",
-                exit_code=1,
-            ) from None
-        except TelegramError as exc:
-            await self._close_bot()
-            raise self._refused(exc) from None
-
-    def _refused(self, exc: TelegramError) -> TelegramStartError:
-        """The Bot API answered but refused a start-up call (a bad webhook URL, say)."""
-        key = "telegram.webhook_url" if self.settings.mode == "webhook" else "telegram.api_base_url"
-        return TelegramStartError(
-            f"the Bot API at {self._api_base()} refused start-up ({scrub(str(exc))}); check {key}",
-            exit_code=2 if isinstance(exc, BadRequest) else 1,
-        )
-
-    def _api_base(self) -> str:
-        return (self.settings.api_base_url or "https://api.telegram.org/bot").rstrip("/")
-
-    async def _bring_up_bounded(self) -> None:
-        """``_bring_up`` with a few attempts within ``start_timeout_s``; the last failure is raised."""
-        delay = self.connect_backoff_s
-        async with asyncio.timeout(self.settings.start_timeout_s):
-            for attempt in range(1, self.settings.start_attempts + 1):
-                try:
-                    await self._bring_up()
-                    return
-                except _UNREACHABLE as exc:
-                    if isinstance(exc, BadRequest) or attempt == self.settings.start_attempts:
-                        raise
-                    log.warning("telegram.connect_failed", error=scrub(str(exc)), attempt=attempt, retry_in_s=delay)
-                await asyncio.sleep(delay)
-                delay *= 2
-
-    def _make_bot(self) -> Bot:
-        base = self._api_base()
-        file_base = base[: -len("/bot")] + "/file/bot" if base.endswith("/bot") else base + "/file"
-        return Bot(
-            self.settings.token,
-            base_url=base,
-            base_file_url=file_base,
-            request=HTTPXRequest(
-                connection_pool_size=32, read_timeout=15, write_timeout=15, connect_timeout=10, pool_timeout=5
-            ),
-            get_updates_request=HTTPXRequest(connection_pool_size=2, read_timeout=10, connect_timeout=10),
-        )
+            raise error from None
 
     async def _bring_up(self) -> None:
         assert self._bot is not None and self._ctx is not None
         await self._bot.initialize()
         user = self._bot.bot
         self.me = BotIdentity(id=user.id, username=user.username or "")
-        await self._sync_commands()
+        await sync_commands(self._bot, self._ctx.kv, self.me.id, self._ctx.commands)
         if self.settings.mode == "webhook":
             await self._bot.set_webhook(
                 url=self.settings.webhook_url or "",
@@ -253,29 +184,6 @@ class TelegramChannel:
             return False
         return self.poller.healthy if self.poller is not None else True
 
-    async def _sync_commands(self) -> None:
-        """setMyCommands only when the list differs from the last one set (hash in the store)."""
-        assert self._bot is not None and self._ctx is not None and self.me is not None
-        commands = []
-        for name, description in self._ctx.commands:
-            command = name.lstrip("/").lower()
-            if not _COMMAND_NAME.match(command) or not description.strip():
-                log.warning("telegram.command_skipped", command=name)
-                continue
-            commands.append((command, description.strip()[:256]))
-        digest = hashlib.sha256(json.dumps(commands).encode()).hexdigest()
-        key = f"telegram:commands:{self.me.id}"
-        try:
-            if await self._ctx.kv.get(key) == digest:
-                return
-            if commands:
-                await self._bot.set_my_commands([BotCommand(c, d) for c, d in commands])
-            else:
-                await self._bot.delete_my_commands()
-            await self._ctx.kv.set(key, digest)
-            log.info("telegram.commands_set", count=len(commands))
-        except Exception as exc:
-            log.warning("telegram.commands_failed", error=scrub(str(exc)))
 
     # -- inbound --------------------------------------------------------------------------
 
@@ -313,7 +221,7 @@ class TelegramChannel:
             if decision.reason == DM_NOT_ALLOWED and decision.user_id and decision.chat_id:
                 await self._challenge(update, decision.user_id, decision.chat_id)
             if decision.callback_id:
-                await self._answer_callback(decision.callback_id, "Not allowed." if decision.unauthorized else None)
+                await answer_callback(self._bot, decision.callback_id, "Not allowed." if decision.unauthorized else None)
             return
         request = self._run_request(decision, ctx)
         result = await ctx.submit(request)
@@ -322,9 +230,11 @@ class TelegramChannel:
             # Not accepted (store down, shutting down): fail so the update is delivered again.
             raise RuntimeError(f"update {update.update_id} not accepted: {result.detail}")
         if decision.callback_id:
-            await self._answer_callback(decision.callback_id, "Approved." if decision.decision == "approve" else "Denied.")
-            if update.callback_query is not None and update.callback_query.message is not None:
-                await self._remove_buttons(update.callback_query.message.chat.id, update.callback_query.message.message_id)
+            await answer_callback(self._bot, decision.callback_id, "Approved." if decision.decision == "approve" else "Denied.")
+            query = update.callback_query
+            if query is not None and query.message is not None:
+                assert self._bot is not None
+                await remove_buttons(self._bot, query.message.chat.id, query.message.message_id)
 
     async def _album_addressed(
         self, update: Update, decision: Inbound | Ignored, access: Access, ctx: ChannelContext
@@ -386,21 +296,6 @@ class TelegramChannel:
             },
         )
 
-    async def _answer_callback(self, callback_id: str, text: str | None) -> None:
-        if self._bot is None:
-            return
-        try:
-            await self._bot.answer_callback_query(callback_id, text=text)
-        except TelegramError as exc:
-            log.info("telegram.callback_answer_failed", error=scrub(str(exc)))
-
-    async def _remove_buttons(self, chat_id: int, message_id: int) -> None:
-        assert self._bot is not None
-        try:
-            await self._bot.edit_message_reply_markup(chat_id=chat_id, message_id=message_id, reply_markup=None)
-        except TelegramError as exc:
-            log.debug("telegram.remove_buttons_failed", error=scrub(str(exc)))
-
     # -- outbound -------------------------------------------------------------------------
 
     def format_parts(self, markdown: str) -> list[str]:
@@ -443,27 +338,5 @@ class TelegramChannel:
 
     async def ask_approval(self, target: Target, approval_id: str, summary: str) -> None:
         """Post the summary with Approve/Deny buttons (callback data ``ap:<id>:y|n``)."""
-        if not APPROVAL_ID.match(approval_id):
-            raise ValueError(f"approval id must match {APPROVAL_ID.pattern}, got {approval_id!r}")
-        if len(summary) > APPROVAL_SUMMARY_LIMIT:
-            summary = summary[:APPROVAL_SUMMARY_LIMIT] + "…"
-        keyboard = InlineKeyboardMarkup([[
-            InlineKeyboardButton("✅ Approve", callback_data=f"ap:{approval_id}:y"),
-            InlineKeyboardButton("❌ Deny", callback_data=f"ap:{approval_id}:n"),
-        ]])
-        body = f"<b>Approval needed</b>\n{html.escape(summary, quote=False)}"
+        body, keyboard = approval_message(approval_id, summary)
         await self._require_sender().send(chat_ref(target), body, reply_markup=keyboard)
-
-
-def chat_ref(target: Target) -> ChatRef:
-    """Where a reply goes: topic thread if any; a reply to the trigger only in groups."""
-    chat_id: int | str = int(target.chat_id) if re.fullmatch(r"-?\d+", target.chat_id) else target.chat_id
-    thread = int(target.thread_id) if target.thread_id and target.thread_id.isdigit() else None
-    if isinstance(target.chat, TelegramChat):
-        chat_type: str = target.chat.chat_type
-    else:
-        chat_type = "private" if isinstance(chat_id, int) and chat_id > 0 else "group"
-    reply_to = None
-    if chat_type != "private" and target.reply_to and target.reply_to.isdigit():
-        reply_to = int(target.reply_to)
-    return ChatRef(chat_id=chat_id, thread_id=thread, reply_to=reply_to)

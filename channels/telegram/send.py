@@ -18,6 +18,7 @@ a preview that fails is given up rather than waited for.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import warnings
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,8 @@ from telegram.constants import ChatAction, ParseMode
 from telegram.error import BadRequest, ChatMigrated, NetworkError, RetryAfter, TelegramError
 
 from agent.tasks import raise_if_cancelled
+from agent.types import TelegramChat
+from channels.base import Target
 from channels.telegram.format import html_to_plain
 from channels.telegram.redact import scrub
 
@@ -47,6 +50,20 @@ class ChatRef:
     chat_id: ChatId
     thread_id: int | None = None
     reply_to: int | None = None
+
+
+def chat_ref(target: Target) -> ChatRef:
+    """Where a reply goes: topic thread if any; a reply to the trigger only in groups."""
+    chat_id: int | str = int(target.chat_id) if re.fullmatch(r"-?\d+", target.chat_id) else target.chat_id
+    thread = int(target.thread_id) if target.thread_id and target.thread_id.isdigit() else None
+    if isinstance(target.chat, TelegramChat):
+        chat_type: str = target.chat.chat_type
+    else:
+        chat_type = "private" if isinstance(chat_id, int) and chat_id > 0 else "group"
+    reply_to = None
+    if chat_type != "private" and target.reply_to and target.reply_to.isdigit():
+        reply_to = int(target.reply_to)
+    return ChatRef(chat_id=chat_id, thread_id=thread, reply_to=reply_to)
 
 
 class MalformedAnswer(TelegramError):
