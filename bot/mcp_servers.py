@@ -113,7 +113,18 @@ def sandboxed(settings: ToolSettings) -> CommandWrapper:
             sandbox = dataclasses.replace(sandbox, network=server.network)
         return sandbox.wrap(
             argv, cwd=home, env=env, writable=(home, *writable_extra),
-            readonly=(root, *settings.readonly_paths), hidden=hidden,
+            readonly=(root, *settings.readonly_paths, *_program_dirs(argv, env)), hidden=hidden,
         )
 
     return wrap
+
+
+def _program_dirs(argv: Sequence[str], env: Mapping[str, str]) -> list[Path]:
+    """The server's own program and files, visible read-only even where the sandbox hides
+    the host's tree (a private /tmp): the program's prefix (a virtualenv's root, say) and
+    the directory of every absolute path among its arguments."""
+    found = shutil.which(argv[0], path=env.get("PATH"))
+    dirs = [Path(found).absolute().parent.parent] if found else []
+    dirs += [Path(arg).parent for arg in argv[1:] if arg.startswith("/") and Path(arg).exists()]
+    return dirs
+
