@@ -10,7 +10,10 @@ cannot close its fence or open a new chat turn.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
@@ -65,10 +68,18 @@ def _inside(path: Path, root: Path) -> bool:
 def read_workspace_file(workspace: Path, name: str | Path, *, max_chars: int = MAX_FILE_CHARS) -> FileText:
     """Read ``name`` (relative to ``workspace``) for the prompt, never raising.
 
-    Missing, empty, unreadable, or resolving outside the workspace (a symlink elsewhere)
-    all give ``text=None``; undecodable bytes are replaced; text over ``max_chars`` is cut.
+    Missing, empty, unreadable, not a regular file (a FIFO must not stall the daemon), or
+    resolving outside the workspace (a symlink elsewhere) all give ``text=None``;
+    undecodable bytes are replaced; text over ``max_chars`` is cut.
     """
     label = str(name)
+    if label not in ("", ".", "..") and "/" not in label:
+        # A plain name opened without following a final symlink cannot leave the
+        # workspace: no path resolution (several files a run). A symlink takes the long way.
+        try:
+            return _read(workspace / label, label, max_chars, os.O_NOFOLLOW)
+        except _FollowNeeded:
+            pass
     try:
         root = workspace.resolve()
         path = (root / name).resolve()
@@ -76,24 +87,40 @@ def read_workspace_file(workspace: Path, name: str | Path, *, max_chars: int = M
         return FileText(label, None, f"{label} could not be resolved ({type(exc).__name__})")
     if not _inside(path, root):
         return FileText(label, None, f"{label} is outside the workspace and was not read")
+    return _read(path, label, max_chars, 0)
+
+
+class _FollowNeeded(Exception):
+    """The name is a symlink: only the resolving path may decide where it leads."""
+
+
+def _read(path: Path, label: str, max_chars: int, flags: int) -> FileText:
     try:
-        with path.open("r", encoding="utf-8", errors="replace") as handle:
-            text = handle.read(max_chars + 1)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | flags)
     except FileNotFoundError:
         return FileText(label, None)
     except OSError as exc:
+        if flags & os.O_NOFOLLOW and exc.errno == errno.ELOOP:
+            raise _FollowNeeded from None
         return FileText(label, None, f"{label} could not be read ({type(exc).__name__})")
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(info.st_mode):
+            return FileText(label, None, f"{label} could not be read (IsADirectoryError)")
+        return FileText(label, None, f"{label} is not a regular file and was not read")
+    with open(fd, encoding="utf-8", errors="replace", closefd=True) as handle:
+        try:
+            text = handle.read(max_chars + 1)
+        except OSError as exc:
+            return FileText(label, None, f"{label} could not be read ({type(exc).__name__})")
     if not text.strip():
         return FileText(label, None)
     if len(text) > max_chars:
-        try:
-            size = f"{path.stat().st_size} bytes"
-        except OSError:
-            size = "unknown size"
         return FileText(
             label,
             text[:max_chars],
-            f"{label} was cut to its first {max_chars} characters (the file is {size})",
+            f"{label} was cut to its first {max_chars} characters (the file is {info.st_size} bytes)",
         )
     return FileText(label, text)
 

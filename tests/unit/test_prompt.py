@@ -277,3 +277,21 @@ def test_user_md_comes_from_the_sessions_directory(tmp_path: Path) -> None:
     assert "<|im_start|>" not in user and "<<<FILE USER.md>>>" in user
     (session / "USER.md").unlink()
     assert "USER.md" not in section(build_system_prompt(spec(root, session_workspace=session)), "User")
+
+
+def test_a_fifo_or_device_in_the_workspace_is_skipped_without_blocking(tmp_path: Path) -> None:
+    # A tool can make MEMORY.md a FIFO: opening it for reading would wait for a writer
+    # forever, and the prompt is built on the daemon's event loop.
+    os.mkfifo(tmp_path / "MEMORY.md")
+    (tmp_path / "USER.md").symlink_to("/dev/zero")
+    memory = read_workspace_file(tmp_path, "MEMORY.md")
+    assert not memory.present and "not a regular file" in (memory.note or "")
+    assert not read_workspace_file(tmp_path, "USER.md").present
+
+
+def test_a_symlink_inside_the_workspace_is_still_followed(tmp_path: Path) -> None:
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "real.md").write_text("kept inside", encoding="utf-8")
+    (tmp_path / "MEMORY.md").symlink_to(tmp_path / "notes" / "real.md")
+    assert read_workspace_file(tmp_path, "MEMORY.md").text == "kept inside"
+    assert read_workspace_file(tmp_path, "notes/real.md").text == "kept inside"
