@@ -10,7 +10,7 @@ a :class:`RunContext` whose ``compact`` is the loop's pre-flight hook; ``/usage`
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -22,7 +22,7 @@ from agent.tools.registry import ToolSettings
 from agent.types import Message, Usage
 from bot.compactor import SessionCompactor, stored_tokens
 from bot.models import ModelProfile
-from bot.store.sessions import SessionStore, SessionUsage
+from bot.store.sessions import SessionContext, SessionStore, SessionUsage
 
 log = structlog.get_logger(__name__)
 
@@ -59,6 +59,16 @@ class RunContext:
     system: Message | None = None
     user_messages: Sequence[Message] = ()
     settings: ToolSettings | None = None  # the session's directory, where the flush keeps memories
+    # What the run read first (:meth:`SessionStore.context`): the first request is built
+    # from it; a request after a compaction reads the store again.
+    loaded: SessionContext | None = None
+    usage: SessionUsage | None = field(default=None, init=False)  # as stored when the run started
+    warned: bool | None = field(default=None, init=False)  # the chat had the context warning then
+    rearm_warning: bool = field(default=False, init=False)  # the run's finish clears the warning
+
+    def __post_init__(self) -> None:
+        if self.loaded is not None:
+            self.usage, self.warned = self.loaded.usage, self.loaded.context_warned
 
     @property
     def budget(self) -> ContextBudget:
@@ -67,12 +77,12 @@ class RunContext:
     async def request(self, user_messages: Sequence[Message], system: Message) -> list[Message]:
         """The run's first request: system prompt, the prepared stored history, the new messages."""
         self.system, self.user_messages = system, list(user_messages)
-        history, summary = await self.sessions.context(self.session_key)
+        state, self.loaded = self.loaded or await self.sessions.context(self.session_key), None
         prepared = prepare_history(
-            history,
+            state.messages,
             history_turns=self.history_turns,
             context_window_tokens=self.profile.context_window,
-            summary=summary,
+            summary=state.summary,
         )
         return [system, *prepared, *self.user_messages]
 
@@ -96,8 +106,12 @@ class RunContext:
 
     async def warning_notice(self, last_call: Usage) -> str:
         """The line added under a chat reply when the context passed the warning share
-        (once, until it drops below again); empty otherwise, or when the store fails."""
+        (once, until it drops below again); empty otherwise, or when the store fails.
+        Below the line, a chat that was warned is re-armed by the run's finishing write."""
         tokens = last_call.prompt_tokens + last_call.completion_tokens
+        if not self.budget.should_warn(tokens) and self.warned is not None:
+            self.rearm_warning = self.warned
+            return ""
         try:
             first = await self.sessions.note_context_warning(self.session_key, self.budget.should_warn(tokens))
         except Exception as exc:

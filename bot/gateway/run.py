@@ -199,10 +199,12 @@ class RunExecutor:
         user_messages = await self._guarded(turn.batch, turn.channel, turn.target)
         if not user_messages:
             return RunOutcome(turn.run_id, "blocked", "none", "blocked by the input guard")
-        profile = await self.deps.catalog.for_session(self.deps.sessions, turn.session_key)
+        # One read for the run's start: history, summary, the session's model and usage.
+        loaded = await self.deps.sessions.context(turn.session_key)
+        profile = self.deps.catalog.profile(loaded.model) or self.deps.catalog.default
         turn.context = RunContext(
             self.deps.sessions, self.deps.compactor, turn.session_key, profile, self.deps.cfg.agent.history_turns,
-            settings=self._settings(turn.last),
+            settings=self._settings(turn.last), loaded=loaded,
         )
         messages = await self._prepare(turn, user_messages, turn.context)
         model = TracingModel(self.deps.catalog.client(profile.id), turn.trace, profile.id)
@@ -268,7 +270,7 @@ class RunExecutor:
         )
         preflight = None
         if turn.context is not None:
-            usage = await deps.sessions.usage(turn.session_key)
+            usage = turn.context.usage or await deps.sessions.usage(turn.session_key)
             preflight = Preflight(
                 turn.context.budget,
                 compact=turn.context.compact if deps.compactor is not None else None,
@@ -298,7 +300,7 @@ class RunExecutor:
             # Stopped by the user or timed out: what happened so far stays in history.
             # Otherwise the batch is retried whole, so nothing is recorded now.
             await asyncio.shield(
-                self._persist(turn.session_key, turn.run_id, user_messages, partial, model, turn.profile)
+                self._persist(turn, user_messages, partial, model)
             )
         if reason == "timeout" and turn.first.kind == "chat":
             # A /stop is answered by its command; a timeout would otherwise end in silence.
@@ -318,7 +320,7 @@ class RunExecutor:
             turn.bound.warning("run.llm_failed", error=detail)
             await turn.reply.abandon()
             await notify(turn.channel, turn.target, deps.ledger, run_id, "error", result.error or notices.INTERNAL_ERROR)
-            await self._persist(session_key, run_id, user_messages, result, model, turn.profile)
+            await self._persist(turn, user_messages, result, model)
             return RunOutcome(run_id, "failed", "none", detail)
 
         notice = ""
@@ -328,7 +330,7 @@ class RunExecutor:
         saved = result.model_copy(update={"messages": user_messages + result.messages, "text": text})
         await deps.ledger.save_result(run_id, saved)
         delivery = await turn.reply.finish(text)
-        stored = await self._persist(session_key, run_id, user_messages, result, model, turn.profile)
+        stored = await self._persist(turn, user_messages, result, model)
         if deps.compactor is not None:
             try:
                 await deps.compactor.maybe_compact(
@@ -359,25 +361,17 @@ class RunExecutor:
         return out
 
     async def _persist(
-        self,
-        session_key: str,
-        run_id: str,
-        user_messages: list[Message],
-        result: RunResult,
-        model: TracingModel,
-        profile: ModelProfile | None = None,
+        self, turn: _Turn, user_messages: list[Message], result: RunResult, model: TracingModel
     ) -> tuple[int, int]:
         """Append the run and its usage (one record per LLM call, so "last prompt" is the
         last call's, not the run's sum) and its cost; the stored message and compaction counts after."""
-        sessions = self.deps.sessions
         usages = [(u.prompt_tokens, u.completion_tokens) for u in model.usages]
-        stored = await sessions.record_run(session_key, run_id, user_messages + result.messages, usages)
-        if usages:
-            prompt = sum(p for p, _ in usages)
-            completion = sum(c for _, c in usages)
-            cost = profile.cost(prompt, completion) if profile is not None else None
-            await sessions.record_run_cost(session_key, run_id, prompt, completion, cost)
-        return stored
+        profile, context = turn.profile, turn.context
+        return await self.deps.sessions.record_run(
+            turn.session_key, turn.run_id, user_messages + result.messages, usages,
+            price=profile.cost if profile is not None else None,
+            rearm_warning=context is not None and context.rearm_warning,
+        )
 
     def _settings(self, req: RunRequest) -> ToolSettings:
         """The tool settings of ``req``'s session directory (``agent.workspace_scope``)."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -70,6 +71,17 @@ class SessionSnapshot(BaseModel):
     summary: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class SessionContext:
+    """What a run reads first: history, summary and meta (model, usage, context warned)."""
+
+    messages: list[Message]
+    summary: str | None
+    model: str | None
+    usage: SessionUsage
+    context_warned: bool
+
+
 class SessionPage(BaseModel):
     """One page of sessions, most recently active first; ``next_cursor`` None on the last page."""
 
@@ -120,20 +132,35 @@ class SessionStore:
         raw = await self._client.lrange(self._keys.session_messages(session_key), 0, -1)
         return _decode_all(session_key, raw)
 
-    async def context(self, session_key: str) -> tuple[list[Message], str | None]:
-        """History and summary, what a run's prompt needs, in one round trip."""
+    async def context(self, session_key: str) -> SessionContext:
+        """History, summary and meta, what a run's start needs, in one round trip."""
         pipe = self._client.pipeline(transaction=False)
         pipe.lrange(self._keys.session_messages(session_key), 0, -1)
         pipe.get(self._keys.session_summary(session_key))
-        raw, summary = await pipe.execute()
-        return _decode_all(session_key, raw), (str(summary) if summary is not None else None)
+        pipe.hgetall(self._keys.session_meta(session_key))
+        raw, summary, meta = await pipe.execute()
+        return SessionContext(
+            messages=_decode_all(session_key, raw),
+            summary=str(summary) if summary is not None else None,
+            model=str(meta["model"]) if meta.get("model") else None,
+            usage=_usage_of(meta),
+            context_warned=bool(meta.get("context_warned")),
+        )
 
     async def record_run(
-        self, session_key: str, run_id: str, messages: Sequence[Message], usages: Sequence[tuple[int, int]]
+        self,
+        session_key: str,
+        run_id: str,
+        messages: Sequence[Message],
+        usages: Sequence[tuple[int, int]],
+        *,
+        price: Callable[[int, int], float | None] | None = None,
+        rearm_warning: bool = False,
     ) -> tuple[int, int]:
-        """A run's :meth:`append` and one :meth:`record_usage` per LLM call (``run_id:i``),
-        each applied once, in one round trip. Returns the stored message count and the
-        compaction count afterwards, what the compaction trigger needs."""
+        """In one round trip, each applied once: :meth:`append`, a :meth:`record_usage` per LLM
+        call (``run_id:i``), the run's :meth:`record_run_cost` (priced by ``price``) and,
+        with ``rearm_warning``, the context warning cleared. Returns the stored message
+        count and the compaction count after, what the compaction trigger needs."""
         if not run_id:
             raise ValueError("record_run needs a non-empty run_id (it makes the writes idempotent)")
         keys = self._session_keys(session_key)
@@ -144,6 +171,12 @@ class SessionStore:
             _check_tokens(prompt_tokens, completion_tokens)
             args = [*self._common(f"u:{run_id}:{index}", session_key), prompt_tokens, completion_tokens]
             queue_script(pipe, self._usage, keys, args)
+        if usages:
+            prompt, completion = sum(p for p, _ in usages), sum(c for _, c in usages)
+            cost = price(prompt, completion) if price else None
+            queue_script(pipe, self._run_usage, keys, self._run_cost_args(session_key, run_id, prompt, completion, cost))
+        if rearm_warning:
+            pipe.hdel(self._keys.session_meta(session_key), "context_warned")
         pipe.llen(self._keys.session_messages(session_key))
         pipe.hget(self._keys.session_meta(session_key), "compactions")
         replies = await pipe.execute()
@@ -218,13 +251,18 @@ class SessionStore:
         self, session_key: str, run_id: str, prompt_tokens: int, completion_tokens: int, cost: float | None
     ) -> bool:
         """Record a whole run's tokens (``/usage``'s "last run") and add its cost, once per run."""
+        args = self._run_cost_args(session_key, run_id, prompt_tokens, completion_tokens, cost)
+        return bool(await self._run_usage(keys=self._session_keys(session_key), args=args))
+
+    def _run_cost_args(
+        self, session_key: str, run_id: str, prompt_tokens: int, completion_tokens: int, cost: float | None
+    ) -> list[str | int | float]:
         if min(prompt_tokens, completion_tokens) < 0 or (cost is not None and cost < 0):
             raise ValueError("run usage must not be negative")
-        args = [
+        return [
             *self._common(f"run:{run_id}", session_key), prompt_tokens, completion_tokens,
             "" if cost is None else repr(float(cost)),
         ]
-        return bool(await self._run_usage(keys=self._session_keys(session_key), args=args))
 
     async def model(self, session_key: str) -> str | None:
         """The model this session switched to (``/model``), None for the default."""
