@@ -324,3 +324,23 @@ async def test_compaction_forgets_the_last_calls_usage(store: SessionStore) -> N
     usage = await store.usage(SK)
     assert (usage.last_prompt_tokens, usage.last_completion_tokens) == (0, 0)
     assert usage.total_prompt_tokens == 90_000
+
+
+async def test_a_run_is_read_in_one_step_and_recorded_in_one_step(store: SessionStore) -> None:
+    await store.set_model(SK, "gpt-4o")
+    assert await store.note_context_warning(SK, True) is True
+    stored, compactions = await store.record_run(
+        SK, "run-1", [Message.user("hi"), Message.assistant("hello")], [(100, 5), (120, 7)],
+        price=lambda prompt, completion: prompt * 0.001 + completion * 0.01,
+    )
+    assert (stored, compactions) == (2, 0)
+    loaded = await store.context(SK)
+    assert [m.content for m in loaded.messages] == ["hi", "hello"] and loaded.summary is None
+    assert loaded.model == "gpt-4o" and loaded.context_warned
+    assert (loaded.usage.last_prompt_tokens, loaded.usage.last_run_prompt_tokens) == (120, 220)
+    assert loaded.usage.total_cost == pytest.approx(0.22 + 0.12)
+    # A retry of the same run changes nothing; a run below the line re-arms the warning.
+    await store.record_run(SK, "run-1", [Message.user("hi")], [(100, 5)], rearm_warning=True)
+    assert (await store.context(SK)).usage.total_cost == pytest.approx(0.34)
+    assert not (await store.context(SK)).context_warned
+    assert await store.note_context_warning(SK, True) is True
