@@ -25,6 +25,7 @@ from typing import Any
 import anyio
 import httpx2
 import openai
+import orjson
 
 from agent.llm_types import LLMError, LLMResponse, StreamDelta, estimate_text_tokens, estimate_tokens
 from agent.types import Message, ToolCall, Usage
@@ -278,6 +279,23 @@ class SSEDecoder:
                 with contextlib.suppress(ValueError):
                     self._retry = int(value)
         return events
+
+
+def encode_json(request: dict[str, Any]) -> bytes:
+    """The request body: orjson (several times the stdlib's speed on a long prompt), the
+    stdlib for what orjson refuses (an integer past 64 bits in a tool's schema)."""
+    try:
+        return orjson.dumps(request)
+    except TypeError:
+        return json.dumps(request, ensure_ascii=False).encode()
+
+
+def decode_json(data: str) -> Any:
+    """One SSE event's JSON; the stdlib for what orjson refuses (NaN, huge integers)."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)  # raises ValueError when it is not JSON at all
 
 
 async def body_bytes(

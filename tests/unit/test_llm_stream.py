@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
-from agent.llm_stream import StreamAssembler
+import pytest
+
+from agent.llm_stream import StreamAssembler, decode_json, encode_json
 from agent.llm_types import StreamDelta, estimate_text_tokens, estimate_tokens
 from agent.types import Message, ToolCall
 
@@ -243,3 +246,14 @@ def test_hostile_deeply_nested_arguments_do_not_break_the_assembler() -> None:
     # Too deep to parse, so the second name cannot be told apart: the names join into
     # one unknown tool, which the loop answers with an error result; nothing raises.
     assert [c.name for c in assembler.tool_calls()] == ["fg"]
+
+
+def test_json_on_the_wire_takes_what_the_stdlib_takes() -> None:
+    # A tool schema from an MCP server may hold an integer past 64 bits; a provider may
+    # send NaN. Both are valid for Python's json, which is the fallback.
+    request = {"tools": [{"parameters": {"maximum": 2**70}}], "messages": [{"content": "café ✓"}]}
+    assert json.loads(encode_json(request)) == request
+    assert decode_json('{"usage": {"cost": NaN}}')["usage"]["cost"] != 0
+    assert decode_json('{"n": 1}') == {"n": 1}
+    with pytest.raises(ValueError):
+        decode_json("not json")
