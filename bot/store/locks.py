@@ -27,7 +27,7 @@ from redis.exceptions import RedisError
 from agent.tasks import stop_task
 from bot.store.errors import LockTimeout
 from bot.store.keys import Keys
-from bot.store.owned import OwnedKeys, ttl_ms
+from bot.store.owned import OwnedKeys, shared_script, ttl_ms
 
 log = structlog.get_logger(__name__)
 
@@ -220,7 +220,7 @@ class SessionLock(Lease):
         super().__init__(client, keys.lock(session_key), **options)
         self.session_key = session_key
         self._work_keys = [keys.inbox(session_key), keys.running(session_key)]
-        self._release_session = client.register_script(RELEASE_SESSION)
+        self._release_session = shared_script(client, RELEASE_SESSION)
 
     async def release_and_check(self) -> bool:
         """Release (as :meth:`release`) and say whether the session has work waiting at

@@ -9,8 +9,10 @@ through its port (``scheduler.ports.OwnedKeys``).
 from __future__ import annotations
 
 import math
+import weakref
 
 import redis.asyncio as aioredis
+from redis.commands.core import AsyncScript
 
 # Take the key if free; also succeeds (and refreshes the TTL) when it already holds our
 # token, so a command the client retried after a lost reply still reads as taken by us.
@@ -51,13 +53,26 @@ def ttl_ms(ttl_s: float) -> int:
     return max(1, math.ceil(ttl_s * 1000))
 
 
+_SCRIPTS: weakref.WeakKeyDictionary[aioredis.Redis, dict[str, AsyncScript]] = weakref.WeakKeyDictionary()
+
+
+def shared_script(client: aioredis.Redis, body: str) -> AsyncScript:
+    """``client.register_script(body)``, made once per client: objects built per message
+    (a session's lock) would otherwise hash their scripts' bodies every time."""
+    scripts = _SCRIPTS.setdefault(client, {})
+    script = scripts.get(body)
+    if script is None:
+        script = scripts[body] = client.register_script(body)
+    return script
+
+
 class OwnedKeys:
     """The three owner-checked operations on full key names (callers build them with ``Keys``)."""
 
     def __init__(self, client: aioredis.Redis) -> None:
-        self._acquire = client.register_script(ACQUIRE)
-        self._extend = client.register_script(EXTEND_IF_OWNER)
-        self._delete = client.register_script(DELETE_IF_OWNER)
+        self._acquire = shared_script(client, ACQUIRE)
+        self._extend = shared_script(client, EXTEND_IF_OWNER)
+        self._delete = shared_script(client, DELETE_IF_OWNER)
 
     async def acquire(self, key: str, token: str, ttl_s: float) -> bool:
         """Set ``key`` to ``token`` for ``ttl_s`` unless another token holds it."""
