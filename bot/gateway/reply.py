@@ -47,14 +47,17 @@ class DeliveryLedger:
     def _result(self, run_id: str) -> str:
         return self._keys.result(run_id)
 
-    async def claim(self, run_id: str, part: str) -> bool:
-        """True exactly once per ``(run_id, part)``, across replicas and retries."""
+    async def claim(self, run_id: str, part: str, *, result: RunResult | None = None) -> bool:
+        """True exactly once per ``(run_id, part)``, across replicas and retries. With
+        ``result``, :meth:`save_result` in the same step (before anything is sent)."""
         key = self._parts(run_id)
         pipe = self._r.pipeline(transaction=True)
+        if result is not None:
+            pipe.set(self._result(run_id), result.model_dump_json(), ex=_TTL_S)
         pipe.hsetnx(key, part, "sending")
         pipe.expire(key, _TTL_S)
-        claimed, _ = await pipe.execute()
-        return bool(claimed)
+        replies = await pipe.execute()
+        return bool(replies[-2])
 
     async def release(self, run_id: str, part: str) -> None:
         """Forget a claim whose send surely did not happen, so it may be claimed again."""
@@ -193,15 +196,19 @@ class Reply:
         if self._previews and isinstance(stream, ToolActivity):
             await self._safe("tool", stream.tool_finished(name, ok, ms) if done else stream.tool_started(name))
 
-    async def finish(self, raw_final: str) -> DeliveryStatus:
-        """Deliver the final answer (or nothing, when silent); close the stream either way."""
+    async def finish(self, raw_final: str, result: RunResult | None = None) -> DeliveryStatus:
+        """Deliver the final answer (or nothing, when silent); close the stream either way.
+        ``result`` is saved before anything is sent, so a retry after a crash delivers it
+        without asking the model again."""
         try:
             text = final_text(raw_final, self._kind)
             if text is None:
+                if result is not None:
+                    await self._ledger.save_result(self._run_id, result)
                 await self._safe("discard", self._stream.discard())
                 metrics.DELIVERIES.labels(self._target.channel, "silent").inc()
                 return "silent"
-            return await self._deliver_parts(text)
+            return await self._deliver_parts(text, result)
         finally:
             await self._safe("close", self._stream.close())
 
@@ -210,12 +217,14 @@ class Reply:
         await self._safe("discard", self._stream.discard())
         await self._safe("close", self._stream.close())
 
-    async def _deliver_parts(self, text: str) -> DeliveryStatus:
+    async def _deliver_parts(self, text: str, result: RunResult | None) -> DeliveryStatus:
         parts = self._channel.format_parts(text)
+        if result is not None and not parts:
+            await self._ledger.save_result(self._run_id, result)
         status: DeliveryStatus = "delivered"
         for index, part in enumerate(parts):
             key = str(index)
-            if not await self._ledger.claim(self._run_id, key):
+            if not await self._ledger.claim(self._run_id, key, result=result if index == 0 else None):
                 log.info("delivery.skip_already_sent", run_id=self._run_id, part=index)
                 continue
             started = time.monotonic()

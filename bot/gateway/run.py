@@ -328,8 +328,7 @@ class RunExecutor:
             notice = await turn.context.warning_notice(model.usages[-1])
         text = result.text + notice
         saved = result.model_copy(update={"messages": user_messages + result.messages, "text": text})
-        await deps.ledger.save_result(run_id, saved)
-        delivery = await turn.reply.finish(text)
+        delivery = await turn.reply.finish(text, saved)
         stored = await self._persist(turn, user_messages, result, model)
         if deps.compactor is not None:
             try:
