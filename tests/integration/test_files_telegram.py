@@ -3,6 +3,7 @@ API, the real gateway and agent loop, the fake LLM, real Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import re
@@ -204,8 +205,14 @@ async def test_vision_history_keeps_the_newest_images_within_its_budget(
         assert texts[0].startswith("first\n[attachment: ")  # the old image's text stays
         # The stored session refers to the copies; it does not hold the pictures.
         await wait_until(lambda: len(tg.sent_messages(USER)) == 2, what="the second answer")
-        stored = await daemon.app.sessions.history("agent:main:telegram:dm:42")  # type: ignore[union-attr]
-        refs = [ref for m in stored for ref in (m.images or [])]
+        # The run is recorded after its answer is delivered: wait for that too.
+        sessions = daemon.app.sessions  # type: ignore[union-attr]
+        refs: list[str] = []
+        for _ in range(250):
+            refs = [ref for m in await sessions.history("agent:main:telegram:dm:42") for ref in (m.images or [])]
+            if len(refs) == 2:
+                break
+            await asyncio.sleep(0.02)
         assert len(refs) == 2 and all(r.endswith(".vision.jpg") and Path(r).parent.name == "inbox" for r in refs)
 
 
