@@ -20,6 +20,7 @@ import ssl
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import anyio
@@ -72,19 +73,21 @@ class StreamAssembler:
     def feed(self, chunk: Any) -> list[StreamDelta]:
         """Take one chunk; return the visible deltas it carried, in order."""
         self.chunks += 1
-        self.model = _get(chunk, "model") or self.model
-        usage = _get(chunk, "usage")
+        get = chunk.get if type(chunk) is dict else partial(_get, chunk)  # dicts: the raw stream
+        self.model = get("model") or self.model
+        usage = get("usage")
         if usage is not None:
             self._usage = usage
         deltas: list[StreamDelta] = []
-        for choice in _list_of(_get(chunk, "choices")):
-            if (_get(choice, "index") or 0) != 0:
+        for choice in _list_of(get("choices")):
+            field_of = choice.get if type(choice) is dict else partial(_get, choice)
+            if (field_of("index") or 0) != 0:
                 continue
-            finish = _get(choice, "finish_reason")
+            finish = field_of("finish_reason")
             if finish:
                 self.finish_reason = str(finish)
-            delta = _get(choice, "delta")
-            if delta is None:
+            delta = field_of("delta")
+            if delta is None or (type(delta) is dict and self._feed_plain(delta, deltas)):
                 continue
             reasoning = _reasoning_of(delta)
             if reasoning:
@@ -99,6 +102,22 @@ class StreamAssembler:
             for call_delta in _list_of(_get(delta, "tool_calls")):
                 self._feed_call(call_delta)
         return deltas
+
+    def _feed_plain(self, delta: dict[str, Any], deltas: list[StreamDelta]) -> bool:
+        """The common delta, at most a role and a text ``content`` (other fields None): taken
+        here in one pass, True. Anything else is left to the tolerant path, False."""
+        content = None
+        for key, value in delta.items():
+            if value is None or key == "role":
+                continue
+            if key != "content" or type(value) is not str:
+                return False
+            content = value
+        if content:
+            self._text.append(content)
+            self.started = True
+            deltas.append(StreamDelta("text", content))
+        return True
 
     def _feed_call(self, delta: Any) -> None:
         index = _get(delta, "index")
