@@ -9,6 +9,7 @@ dead Redis shows up as :class:`StoreUnavailable` within seconds, not minutes.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import structlog
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import MaxConnectionsError, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot.config import RedisConfig
@@ -37,9 +38,9 @@ BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 1.0
 HEALTH_CHECK_INTERVAL_S = 30
 OPEN_TIMEOUT_S = 10.0  # the first PING, retries included
-# redis-py 8 caps a pool at 100 connections by default and fails the 101st concurrent
-# command at once (MaxConnectionsError); busy replicas run far more commands at a time.
-MAX_CONNECTIONS = 10_000
+# Connections one process opens (see BoundedConnectionPool); commands beyond wait their turn.
+MAX_CONNECTIONS = 128
+POOL_WAIT_S = SOCKET_TIMEOUT_S  # a command waits this long for a free connection, then fails
 # Blocking commands (BLPOP, XREAD BLOCK …) must return before the socket timeout fires,
 # or redis-py treats the wait as a dead connection and retries it.
 MAX_BLOCKING_S = 4.0
@@ -68,8 +69,60 @@ def redact_url(url: str) -> str:
         return "<unparseable redis url>"
 
 
+class BoundedConnectionPool(aioredis.ConnectionPool):
+    """redis-py's pool with a bound that queues. Its own pool fails a command at once when
+    ``max_connections`` are busy, and without a bound a burst of a thousand chats opened a
+    socket per concurrent command (~1,700). Here the command waits, up to ``wait_s``, for
+    one to come back; with a connection free it costs nothing more than the plain pool."""
+
+    def __init__(self, *, wait_s: float = POOL_WAIT_S, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._wait_s = wait_s
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = asyncio.get_running_loop().time() + self._wait_s
+        while True:
+            if not self.can_get_connection():
+                await self._wait_turn(deadline)
+            try:
+                return await super().get_connection()
+            except MaxConnectionsError:  # taken while this one waited for the pool's lock
+                continue
+
+    async def release(self, connection: Any) -> None:
+        await super().release(connection)
+        self._wake_one()
+
+    async def _wait_turn(self, deadline: float) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter
+        except TimeoutError:
+            raise RedisConnectionError(
+                f"no Redis connection came free within {self._wait_s:g} s ({self.max_connections} in use)"
+            ) from None
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._wake_one()  # woken, then cancelled: the free connection goes to the next
+            raise
+        finally:
+            if not waiter.done():
+                self._waiters.remove(waiter)
+
+    def _wake_one(self) -> None:
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+
+
 def create_client(url: str, **overrides: Any) -> aioredis.Redis:
-    """The client factory: decode_responses, bounded timeouts, explicit retry with backoff."""
+    """The client factory: decode_responses, bounded timeouts, explicit retry with backoff,
+    at most ``MAX_CONNECTIONS`` sockets (:class:`BoundedConnectionPool`)."""
     scheme = urlsplit(url).scheme.lower()
     if scheme not in SCHEMES:
         raise StoreConfigError(
@@ -86,7 +139,7 @@ def create_client(url: str, **overrides: Any) -> aioredis.Redis:
     }
     options.update(overrides)
     try:
-        return aioredis.Redis.from_url(url, **options)
+        return aioredis.Redis.from_pool(BoundedConnectionPool.from_url(url, **options))
     except ValueError as exc:
         raise StoreConfigError(f"redis.url {redact_url(url)!r} is not valid: {exc}") from None
 

@@ -295,3 +295,51 @@ async def test_a_server_that_never_answers_times_out_clearly(tmp_path: Path) -> 
         assert "s3cret-pw" not in str(info.value)
     finally:
         silent.close()
+
+
+# -- the bounded pool ----------------------------------------------------------------------
+
+
+async def test_a_burst_of_commands_shares_a_bounded_number_of_connections(redis_url: str) -> None:
+    from bot.store.connection import create_client
+
+    client = create_client(redis_url, max_connections=3)
+    try:
+        results = await asyncio.gather(*(client.incr("pool-test:burst") for _ in range(300)))
+        assert sorted(results) == list(range(1, 301))  # every command ran, none failed
+        pool = client.connection_pool
+        assert len(pool._available_connections) + len(pool._in_use_connections) <= 3
+    finally:
+        await client.delete("pool-test:burst")
+        await client.aclose()
+
+
+async def test_a_command_that_finds_no_free_connection_fails_clearly_in_time(redis_url: str) -> None:
+    from bot.store.connection import BoundedConnectionPool
+
+    pool = BoundedConnectionPool.from_url(redis_url, max_connections=1, wait_s=0.2, decode_responses=True)
+    held = await pool.get_connection()
+    try:
+        with pytest.raises(Exception, match="no Redis connection came free within 0.2 s"):
+            await pool.get_connection()
+    finally:
+        await pool.release(held)
+        await pool.aclose()
+
+
+async def test_a_cancelled_waiter_passes_its_turn_on(redis_url: str) -> None:
+    from bot.store.connection import BoundedConnectionPool
+
+    pool = BoundedConnectionPool.from_url(redis_url, max_connections=1, wait_s=5, decode_responses=True)
+    held = await pool.get_connection()
+    first = asyncio.create_task(pool.get_connection())
+    second = asyncio.create_task(pool.get_connection())
+    await asyncio.sleep(0.05)
+    await pool.release(held)  # wakes the first waiter...
+    first.cancel()  # ...which is cancelled before it runs: the second must get the connection
+    conn = await asyncio.wait_for(second, 2)
+    assert first.cancelled() or first.exception() is None
+    await pool.release(conn)
+    if not first.cancelled() and first.exception() is None:
+        await pool.release(first.result())
+    await pool.aclose()
