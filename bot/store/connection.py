@@ -9,6 +9,7 @@ dead Redis shows up as :class:`StoreUnavailable` within seconds, not minutes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,8 +40,10 @@ BACKOFF_CAP_S = 1.0
 HEALTH_CHECK_INTERVAL_S = 30
 OPEN_TIMEOUT_S = 10.0  # the first PING, retries included
 # Connections one process opens (see BoundedConnectionPool); commands beyond wait their turn.
-MAX_CONNECTIONS = 128
-POOL_WAIT_S = SOCKET_TIMEOUT_S  # a command waits this long for a free connection, then fails
+MAX_CONNECTIONS = 256
+# A command waits this long for a free connection, then fails. Longer than the socket
+# timeout: a burst that keeps the event loop busy also keeps connections busy for longer.
+POOL_WAIT_S = 30.0
 # Blocking commands (BLPOP, XREAD BLOCK …) must return before the socket timeout fires,
 # or redis-py treats the wait as a dead connection and retries it.
 MAX_BLOCKING_S = 4.0
@@ -73,17 +76,19 @@ class BoundedConnectionPool(aioredis.ConnectionPool):
     """redis-py's pool with a bound that queues. Its own pool fails a command at once when
     ``max_connections`` are busy, and without a bound a burst of a thousand chats opened a
     socket per concurrent command (~1,700). Here the command waits, up to ``wait_s``, for
-    one to come back; with a connection free it costs nothing more than the plain pool."""
+    one to come back, first come first served (a newcomer never takes a connection a
+    waiter was woken for); with a connection free it costs no more than the plain pool."""
 
     def __init__(self, *, wait_s: float = POOL_WAIT_S, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._wait_s = wait_s
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._woken = 0  # waiters woken for a freed connection that have not taken it yet
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
         deadline = asyncio.get_running_loop().time() + self._wait_s
         while True:
-            if not self.can_get_connection():
+            if self._waiters or self._woken or not self.can_get_connection():
                 await self._wait_turn(deadline)
             try:
                 return await super().get_connection()
@@ -97,26 +102,30 @@ class BoundedConnectionPool(aioredis.ConnectionPool):
     async def _wait_turn(self, deadline: float) -> None:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        taken = False
         try:
             async with asyncio.timeout_at(deadline):
                 await waiter
+            taken = True
         except TimeoutError:
             raise RedisConnectionError(
                 f"no Redis connection came free within {self._wait_s:g} s ({self.max_connections} in use)"
             ) from None
-        except BaseException:
-            if waiter.done() and not waiter.cancelled():
-                self._wake_one()  # woken, then cancelled: the free connection goes to the next
-            raise
         finally:
-            if not waiter.done():
-                self._waiters.remove(waiter)
+            if waiter.done() and not waiter.cancelled():  # woken for a freed connection
+                self._woken -= 1
+                if not taken:
+                    self._wake_one()  # ...but leaving without it (cancelled): it goes to the next
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
 
     def _wake_one(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_result(None)
+                self._woken += 1
                 return
 
 

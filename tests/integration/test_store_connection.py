@@ -343,3 +343,30 @@ async def test_a_cancelled_waiter_passes_its_turn_on(redis_url: str) -> None:
     if not first.cancelled() and first.exception() is None:
         await pool.release(first.result())
     await pool.aclose()
+
+
+async def test_waiters_are_served_in_order_and_a_cancelled_one_leaves_no_trace(redis_url: str) -> None:
+    from bot.store.connection import BoundedConnectionPool
+
+    pool = BoundedConnectionPool.from_url(redis_url, max_connections=1, wait_s=5, decode_responses=True)
+    held = await pool.get_connection()
+    gone = asyncio.create_task(pool.get_connection())
+    await asyncio.sleep(0.02)
+    gone.cancel()  # cancelled while waiting, never woken
+    await asyncio.gather(gone, return_exceptions=True)
+    order: list[int] = []
+
+    async def take(i: int) -> None:
+        conn = await pool.get_connection()
+        order.append(i)
+        await asyncio.sleep(0.01)
+        await pool.release(conn)
+
+    tasks = [asyncio.create_task(take(i)) for i in range(5)]
+    await asyncio.sleep(0.02)
+    await pool.release(held)
+    await asyncio.wait_for(asyncio.gather(*tasks), 3)
+    assert order == [0, 1, 2, 3, 4]
+    # Nothing is left waiting: a fresh command finds the free connection at once.
+    await asyncio.wait_for(pool.release(await pool.get_connection()), 1)
+    await pool.aclose()
