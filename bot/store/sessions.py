@@ -363,17 +363,13 @@ def _decode_all(session_key: str, raw: Sequence[str | bytes]) -> list[Message]:
     return out
 
 
+_COUNTS = ("last_prompt_tokens", "last_completion_tokens", "total_prompt_tokens", "total_completion_tokens",
+           "last_run_prompt_tokens", "last_run_completion_tokens")
+
+
 def _usage_of(meta: Mapping[Any, Any]) -> SessionUsage:
-    return SessionUsage(
-        last_prompt_tokens=int(meta.get("last_prompt_tokens", 0)),
-        last_completion_tokens=int(meta.get("last_completion_tokens", 0)),
-        total_prompt_tokens=int(meta.get("total_prompt_tokens", 0)),
-        total_completion_tokens=int(meta.get("total_completion_tokens", 0)),
-        last_run_prompt_tokens=int(meta.get("last_run_prompt_tokens", 0)),
-        last_run_completion_tokens=int(meta.get("last_run_completion_tokens", 0)),
-        last_run_cost=_float(meta.get("last_run_cost")),
-        total_cost=_float(meta.get("total_cost")),
-    )
+    counts = {name: int(meta.get(name, 0)) for name in _COUNTS}
+    return SessionUsage(**counts, last_run_cost=_float(meta.get("last_run_cost")), total_cost=_float(meta.get("total_cost")))
 
 
 def _float(value: Any) -> float | None:
