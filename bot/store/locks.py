@@ -78,6 +78,7 @@ class Lease:
         self._held = False
         self._valid_until = 0.0
         self._watchdog: asyncio.Task[None] | None = None
+        self._renewal: asyncio.TimerHandle | None = None  # starts the watchdog a third of the TTL in
         self._lost = asyncio.Event()
 
     @property
@@ -114,9 +115,8 @@ class Lease:
                 self._valid_until = sent + self.ttl_s
                 self._lost.clear()
                 if self._auto_renew:
-                    self._watchdog = asyncio.create_task(
-                        self._watch(token), name=f"lease-watchdog:{self.key}"
-                    )
+                    # A timer, not a task: most holders release before the first renewal.
+                    self._renewal = asyncio.get_running_loop().call_later(self.ttl_s / 3, self._start_watch, token)
                 return True
             if not wait:
                 return False
@@ -139,6 +139,9 @@ class Lease:
     async def _release_with(self, release: Callable[[str], Awaitable[Any]]) -> Any:
         """Stop the watchdog and ``release`` with our token (an owner-checked delete);
         its reply, or None when there was nothing to release or it failed."""
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None
         watchdog, self._watchdog = self._watchdog, None
         await stop_task(watchdog)
         self._held = False
@@ -161,10 +164,16 @@ class Lease:
     async def __aexit__(self, *exc: object) -> None:
         await self.release()
 
+    def _start_watch(self, token: str) -> None:
+        self._renewal = None
+        if self._held and self._token == token:
+            self._watchdog = asyncio.create_task(self._watch(token), name=f"lease-watchdog:{self.key}")
+
     async def _watch(self, token: str) -> None:
+        """Renew every third of the TTL, the first time at once (the timer waited that long)."""
         interval = self.ttl_s / 3
         retry = min(interval, 0.5)
-        pause = interval
+        pause = 0.0
         while True:
             await asyncio.sleep(pause)
             sent = time.monotonic()
