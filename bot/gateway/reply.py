@@ -161,7 +161,7 @@ class Reply:
         self._previews = previews
         self._redelivery = redelivery
         self._stream: ReplyStream = channel.open_stream(target, run_id)
-        self._raw = ""
+        self._raw: list[str] = []  # the streamed text; joined only when a preview is due
         self._last_preview = ""
         self._last_preview_at = 0.0
         self._started = False
@@ -171,7 +171,7 @@ class Reply:
         await self._safe("start", self._stream.start())
 
     async def on_chunk(self, delta: str) -> None:
-        self._raw += delta
+        self._raw.append(delta)
         if not self._previews:
             return
         # Channels throttle their edits further; this bounds the work of re-reading the
@@ -180,7 +180,7 @@ class Reply:
         if now - self._last_preview_at < PREVIEW_MIN_INTERVAL_S:
             return
         self._last_preview_at = now
-        text = preview_text(self._raw)
+        text = preview_text("".join(self._raw))
         if text is None or text == self._last_preview:
             return
         self._last_preview = text
@@ -188,7 +188,7 @@ class Reply:
 
     def reset_text(self) -> None:
         """A new assistant turn starts (after tool calls): the preview restarts with it."""
-        self._raw = ""
+        self._raw = []
 
     async def on_tool(self, name: str, *, done: bool = False, ok: bool = True, ms: float = 0.0) -> None:
         """Tell a stream that shows tool activity (see :class:`ToolActivity`) about a tool call."""
