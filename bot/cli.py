@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -117,12 +117,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     configure_logging(level, cfg.log.format, log_stream)
     try:
-        code = asyncio.run(_dispatch(args, cfg))
+        loop_factory = event_loop_factory(os.environ.get("BOTD_EVENT_LOOP", "auto"))
+    except ValueError as exc:
+        print(f"botd: {exc}", file=sys.stderr)
+        return 2
+    try:
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            code = runner.run(_dispatch(args, cfg))
     except KeyboardInterrupt:
         code = 130
     if args.command == "chat" and argv is None:
         _leave_now(code, log_stream)
     return code
+
+
+def event_loop_factory(choice: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """``BOTD_EVENT_LOOP``: ``auto`` (uvloop when installed: about 15 % less CPU per message,
+    bench/README.md), ``uvloop``, or ``asyncio`` (the standard loop). None: asyncio's default."""
+    choice = choice.strip().lower() or "auto"
+    if choice not in ("auto", "uvloop", "asyncio"):
+        raise ValueError(f"BOTD_EVENT_LOOP must be auto, uvloop or asyncio, got {choice!r}")
+    if choice == "asyncio":
+        return None
+    try:
+        import uvloop
+    except ImportError:
+        if choice == "uvloop":
+            raise ValueError("BOTD_EVENT_LOOP=uvloop, but uvloop is not installed (pip install uvloop)") from None
+        return None
+    return uvloop.new_event_loop
 
 
 def _leave_now(code: int, log_stream: TextIO | None) -> None:

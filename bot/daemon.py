@@ -88,7 +88,8 @@ class Daemon:
         self._beacon = ReplicaBeacon(self.store.client, self.store.keys, app.replica, self._identity(), self._state,
                                      on_beat=lambda ok: metrics.REDIS_UP.set(1 if ok else 0))
         await self._beacon.start()
-        log.info("botd.started", replica=app.replica, channels=sorted(channels), redis=self.store.url)
+        log.info("botd.started", replica=app.replica, channels=sorted(channels), redis=self.store.url,
+                 event_loop=type(asyncio.get_running_loop()).__module__.split(".")[0])
 
     async def readiness(self) -> dict[str, bool]:
         checks = {"redis": bool(self.store and await self.store.ping())}

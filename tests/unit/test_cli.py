@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from bot.app import build_model
-from bot.cli import build_parser, main
+from bot.cli import build_parser, event_loop_factory, main
 from bot.config import BotdConfig, ConfigError
 
 
@@ -56,3 +56,25 @@ async def test_bad_cli_tools_file_is_a_config_error(tmp_path: Path, redis_url: s
             App(cfg, handle, build_model(cfg), {})
     finally:
         await handle.close()
+
+
+def test_the_event_loop_is_uvloop_unless_asked_otherwise() -> None:
+    import uvloop
+
+    assert event_loop_factory("auto") is uvloop.new_event_loop
+    assert event_loop_factory("") is uvloop.new_event_loop
+    assert event_loop_factory(" UVLOOP ") is uvloop.new_event_loop
+    assert event_loop_factory("asyncio") is None
+    with pytest.raises(ValueError, match="auto, uvloop or asyncio"):
+        event_loop_factory("trio")
+
+
+def test_an_unknown_event_loop_choice_is_one_line_and_exit_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = tmp_path / "botd.yaml"
+    config.write_text("llm: {model: gpt-4o-mini}\n", encoding="utf-8")
+    monkeypatch.setenv("BOTD_EVENT_LOOP", "fastest")
+    assert main(["sessions", "list", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "BOTD_EVENT_LOOP must be auto, uvloop or asyncio" in err
