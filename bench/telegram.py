@@ -9,11 +9,14 @@ the final edit, close) and a long answer split into several messages. Formatting
 Faults: 200 streamed replies with 30 % of the preview edits failing in mixed ways
 (5xx, timeouts, dropped connections, malformed answers, "can't be edited", deleted
 previews, 429), against the same replies with no faults (``bench/preview_faults.py``).
-The fake answers at once and runs in the same process, so the figures are botd's
-share plus the fake's.
+The fake answers at once and runs in the same process, so those figures are botd's
+share plus the fake's. *calls* runs the fake in a subprocess instead and gives the CPU
+of single Bot API calls (sendMessage, editMessageText, sendChatAction) for the client
+and for the fake separately, with the channel's aiohttp transport and with
+python-telegram-bot's own httpx one.
 
     .venv/bin/python bench/telegram.py [--updates 300] [--burst 200] [--replies 200] [--fault-rate 0.3]
-                                       [--parts polling,webhook,outbound,faults,format] [--faults-only]
+                                       [--parts polling,webhook,outbound,calls,faults,format] [--faults-only]
                                        [--redis-url URL]
 
 Prints a table and writes bench/telegram.json.
@@ -46,6 +49,7 @@ from agent.types import RunRequest, TelegramChat  # noqa: E402
 from bench import preview_faults  # noqa: E402
 from bench.common import (  # noqa: E402
     cpu_seconds,
+    proc_cpu,
     redis_url_from_env,
     report_header,
     summary_ms,
@@ -62,6 +66,7 @@ from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
 OUTPUT = ROOT / "bench" / "telegram.json"
 SECRET = "bench_secret"
 GROUP = Target(channel="telegram", chat_id="-1001", reply_to="1")
+SHORT_ANSWER = "Echo: " + " ".join(["the deploy went out at nine and error rates stayed flat"] * 2)
 FAST_PREVIEWS = 5  # previews offered while a fast answer streams
 FAST_CHUNK_GAP_S = 0.002  # between them: the whole answer streams in ~10 ms
 
@@ -181,24 +186,30 @@ async def bench_webhook(client: aioredis.Redis, updates: int, burst: int) -> dic
 
 async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]:
     async with TelegramHarness(client, "bench-out") as h:
-        channel = await h.channel(stream_edit_interval_s=0.2)
+        # Production rhythms for the poller and typing, so their timers cost what they do in
+        # a daemon (the harness's short test settings would renew the lease every 0.5 s).
+        channel = await h.channel(stream_edit_interval_s=0.2, tuning={
+            "poll_timeout_s": 25, "lease_ttl_s": 30.0, "lease_renew_s": 10.0, "typing_interval_s": 4.0})
         answer = REPLY_UNIT * 2
         parts = channel.format_parts(answer)
 
         async def notice(i: int) -> None:
             await channel.send_text(GROUP, "Stopped.")
 
-        async def fast(i: int) -> None:
+        async def fast(i: int, text: str = answer) -> None:
             # The model streams the whole answer within a few milliseconds: previews are
             # offered while it streams, then the final part is delivered.
             stream = channel.open_stream(GROUP, f"fast-{i}")
             await stream.start()
             for k in range(1, FAST_PREVIEWS + 1):
-                await stream.preview(answer[: len(answer) * k // FAST_PREVIEWS])
+                await stream.preview(text[: len(text) * k // FAST_PREVIEWS])
                 await asyncio.sleep(FAST_CHUNK_GAP_S)
-            for index, part in enumerate(channel.format_parts(answer)):
+            for index, part in enumerate(channel.format_parts(text)):
                 await stream.deliver(index, part)
             await stream.close()
+
+        async def short(i: int) -> None:
+            await fast(i, SHORT_ANSWER)
 
         async def slow(i: int) -> None:
             # The answer takes longer than the preview interval: a preview is shown first.
@@ -221,7 +232,7 @@ async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]
             await stream.close()
 
         out: dict[str, Any] = {}
-        for name, one, count in (("notice", notice, replies), ("fast_reply", fast, replies),
+        for name, one, count in (("notice", notice, replies), ("short_reply", short, replies), ("fast_reply", fast, replies),
                                  ("slow_reply", slow, replies), ("long_answer", long, max(10, replies // 10))):
             timings = []
             calls0 = len(h.fake.calls)
@@ -237,6 +248,64 @@ async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]
         out["long_answer"].update(parts=big_parts, markdown_chars=len(big))
         out["fast_reply"].update(parts=len(parts))
         return out
+
+
+FAKE_PROCESS = """
+import asyncio, sys
+from tests.fakes.telegram_server import FakeTelegram
+
+async def main() -> None:
+    fake = FakeTelegram()
+    await fake.start()
+    print(fake.base_url, fake.token, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes stdin
+    await fake.stop()
+
+asyncio.run(main())
+"""
+
+
+async def bench_calls(calls: int) -> list[dict[str, Any]]:
+    """CPU per Bot API call of the client and of the fake (in its own process), per transport."""
+    from telegram import Bot
+    from telegram.request import HTTPXRequest
+
+    from channels.telegram.transport import AiohttpRequest
+
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", FAKE_PROCESS, cwd=ROOT,
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdin is not None
+    base_url, token = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
+    rows = []
+    try:
+        for label, request in (("aiohttp (AiohttpRequest)", AiohttpRequest), ("httpx (HTTPXRequest)", HTTPXRequest)):
+            bot = Bot(token, base_url=base_url, request=request(connection_pool_size=32))
+            await bot.initialize()
+            message = await bot.send_message(42, "warm-up")
+            kinds = {
+                "sendMessage": lambda i, b=bot: b.send_message(-1001, f"answer <b>{i}</b>", parse_mode="HTML"),
+                "editMessageText": lambda i, b=bot, m=message: b.edit_message_text(
+                    f"preview <b>{i}</b>", chat_id=42, message_id=m.message_id, parse_mode="HTML"),
+                "sendChatAction": lambda i, b=bot: b.send_chat_action(-1001, "typing"),
+            }
+            for method, call in kinds.items():
+                for i in range(20):
+                    await call(i)
+                client0, fake0 = cpu_seconds(), proc_cpu(proc.pid)
+                for i in range(calls):
+                    await call(i)
+                rows.append({"transport": label, "method": method,
+                             "client_cpu_ms": round((cpu_seconds() - client0) * 1000 / calls, 3),
+                             "fake_cpu_ms": round((proc_cpu(proc.pid) - fake0) * 1000 / calls, 3)})
+            await bot.shutdown()
+    finally:
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+    return rows
 
 
 FIRST_FAULT_CHAT = 700_000
@@ -291,7 +360,7 @@ def bench_format() -> list[dict[str, Any]]:
     return rows
 
 
-PARTS = ("format", "faults", "polling", "webhook", "outbound")
+PARTS = ("format", "faults", "polling", "webhook", "outbound", "calls")
 
 
 async def main() -> None:
@@ -324,6 +393,8 @@ async def main() -> None:
             report["webhook"] = await bench_webhook(client, args.updates, args.burst)
         if "outbound" in parts:
             report["outbound"] = await bench_outbound(client, args.replies)
+    if "calls" in parts:
+        report["calls"] = await bench_calls(max(200, args.replies * 5))
 
     if modes := [m for m in ("polling", "webhook") if m in report]:
         print(table(["inbound", "p50 ms", "p90 ms", "p99 ms", "CPU ms/update (+fake)", "burst updates/s",
@@ -335,12 +406,19 @@ async def main() -> None:
         ]))
         print()
     if out := report.get("outbound"):
-        labels = {"notice": "send_text (notice)", "fast_reply": "fast answer (typing, previews, final)",
+        labels = {"notice": "send_text (notice)",
+                  "short_reply": f"short answer, {len(SHORT_ANSWER)} chars (typing, previews, final)",
+                  "fast_reply": f"fast answer, {len(REPLY_UNIT) * 2} chars (typing, previews, final)",
                   "slow_reply": "slow answer (typing, preview shown, final)",
                   "long_answer": f"long answer ({out['long_answer']['parts']} parts)"}
         print(table(["outbound", "p50 ms", "p90 ms", "p99 ms", "API calls", "CPU ms (+fake)"], [
             [label, out[key]["p50_ms"], out[key]["p90_ms"], out[key]["p99_ms"], out[key]["api_calls"],
              out[key]["cpu_ms"]] for key, label in labels.items()
+        ]))
+        print()
+    if calls := report.get("calls"):
+        print(table(["Bot API call (fake in its own process)", "method", "client CPU ms", "fake CPU ms"], [
+            [r["transport"], r["method"], r["client_cpu_ms"], r["fake_cpu_ms"]] for r in calls
         ]))
         print()
     if faults := report.get("faults"):
