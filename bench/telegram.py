@@ -9,11 +9,15 @@ the final edit, close) and a long answer split into several messages. Formatting
 Faults: 200 streamed replies with 30 % of the preview edits failing in mixed ways
 (5xx, timeouts, dropped connections, malformed answers, "can't be edited", deleted
 previews, 429), against the same replies with no faults (``bench/preview_faults.py``).
-The fake answers at once and runs in the same process, so the figures are botd's
-share plus the fake's.
+The fake answers at once and runs in the same process, so those figures are botd's
+share plus the fake's. *calls* runs the fake in a subprocess instead and gives the CPU
+of single Bot API calls (sendMessage, editMessageText, sendChatAction) for the client
+and for the fake separately, with the channel's aiohttp transport and with
+python-telegram-bot's own httpx one.
 
     .venv/bin/python bench/telegram.py [--updates 300] [--burst 200] [--replies 200] [--fault-rate 0.3]
-                                       [--faults-only] [--redis-url URL]
+                                       [--parts polling,webhook,outbound,calls,faults,format] [--faults-only]
+                                       [--redis-url URL]
 
 Prints a table and writes bench/telegram.json.
 """
@@ -41,10 +45,11 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from agent.types import RunRequest  # noqa: E402
+from agent.types import RunRequest, TelegramChat  # noqa: E402
 from bench import preview_faults  # noqa: E402
 from bench.common import (  # noqa: E402
     cpu_seconds,
+    proc_cpu,
     redis_url_from_env,
     report_header,
     summary_ms,
@@ -61,6 +66,9 @@ from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
 OUTPUT = ROOT / "bench" / "telegram.json"
 SECRET = "bench_secret"
 GROUP = Target(channel="telegram", chat_id="-1001", reply_to="1")
+SHORT_ANSWER = "Echo: " + " ".join(["the deploy went out at nine and error rates stayed flat"] * 2)
+FAST_PREVIEWS = 5  # previews offered while a fast answer streams
+FAST_CHUNK_GAP_S = 0.002  # between them: the whole answer streams in ~10 ms
 
 REPLY_UNIT = (
     "## Result\n\nThe deploy went out at **nine**; error rates stayed _flat_. See [the runbook]"
@@ -133,12 +141,15 @@ async def bench_polling(client: aioredis.Redis, updates: int, burst: int) -> dic
             latencies.append(await timed.wait_for(text) - pushed)
         cpu = cpu_seconds() - cpu0
         started = time.perf_counter()
+        cpu0 = cpu_seconds()
         for i in range(burst):
             h.fake.push_message(h.fake.private_message(42, f"burst {i}"))
         await timed.wait_for(f"burst {burst - 1}", timeout_s=60)
         seconds = time.perf_counter() - started
+        burst_cpu = cpu_seconds() - cpu0
         return {"sequential": summary_ms(latencies), "cpu_ms_per_update": round(cpu * 1000 / updates, 3), "burst": {
-            "updates": burst, "seconds": round(seconds, 3), "updates_per_s": round(burst / seconds, 1)}}
+            "updates": burst, "seconds": round(seconds, 3), "updates_per_s": round(burst / seconds, 1),
+            "cpu_ms_per_update": round(burst_cpu * 1000 / burst, 3)}}
 
 
 async def bench_webhook(client: aioredis.Redis, updates: int, burst: int) -> dict[str, Any]:
@@ -164,47 +175,137 @@ async def bench_webhook(client: aioredis.Redis, updates: int, burst: int) -> dic
                     assert resp.status == 200, resp.status
 
             started = time.perf_counter()
+            cpu0 = cpu_seconds()
             await asyncio.gather(*(post(b) for b in bodies[updates:]))
             seconds = time.perf_counter() - started
+            burst_cpu = cpu_seconds() - cpu0
         return {"sequential": summary_ms(latencies), "cpu_ms_per_update": round(cpu * 1000 / updates, 3), "burst": {
-            "updates": burst, "seconds": round(seconds, 3), "updates_per_s": round(burst / seconds, 1)}}
+            "updates": burst, "seconds": round(seconds, 3), "updates_per_s": round(burst / seconds, 1),
+            "cpu_ms_per_update": round(burst_cpu * 1000 / burst, 3)}}
 
 
 async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]:
     async with TelegramHarness(client, "bench-out") as h:
-        channel = await h.channel(stream_edit_interval_s=0.2)
-        notice, cycle, long_answer = [], [], []
-        for _ in range(replies):
-            started = time.perf_counter()
-            await channel.send_text(GROUP, "Stopped.")
-            notice.append(time.perf_counter() - started)
+        # Production rhythms for the poller and typing, so their timers cost what they do in
+        # a daemon (the harness's short test settings would renew the lease every 0.5 s).
+        channel = await h.channel(stream_edit_interval_s=0.2, tuning={
+            "poll_timeout_s": 25, "lease_ttl_s": 30.0, "lease_renew_s": 10.0, "typing_interval_s": 4.0})
         answer = REPLY_UNIT * 2
-        cpu0 = cpu_seconds()
-        for i in range(replies):
-            started = time.perf_counter()
-            stream = channel.open_stream(GROUP, f"run-{i}")
+        parts = channel.format_parts(answer)
+
+        async def notice(i: int) -> None:
+            await channel.send_text(GROUP, "Stopped.")
+
+        async def fast(i: int, text: str = answer) -> None:
+            # The model streams the whole answer within a few milliseconds: previews are
+            # offered while it streams, then the final part is delivered.
+            stream = channel.open_stream(GROUP, f"fast-{i}")
+            await stream.start()
+            for k in range(1, FAST_PREVIEWS + 1):
+                await stream.preview(text[: len(text) * k // FAST_PREVIEWS])
+                await asyncio.sleep(FAST_CHUNK_GAP_S)
+            for index, part in enumerate(channel.format_parts(text)):
+                await stream.deliver(index, part)
+            await stream.close()
+
+        async def short(i: int) -> None:
+            await fast(i, SHORT_ANSWER)
+
+        async def slow(i: int) -> None:
+            # The answer takes longer than the preview interval: a preview is shown first.
+            stream = channel.open_stream(GROUP, f"slow-{i}")
+            seen = len(h.fake.calls)
             await stream.start()
             await stream.preview(answer[:120])
-            await h.fake.wait_for(lambda n=i: len(h.fake.calls_to("sendMessage")) >= replies + n + 1)
+            await h.fake.wait_for(lambda: any(c.method == "sendMessage" for c in h.fake.calls[seen:]))
             for index, part in enumerate(channel.format_parts(answer)):
                 await stream.deliver(index, part)
             await stream.close()
-            cycle.append(time.perf_counter() - started)
-        cycle_cpu = cpu_seconds() - cpu0
+
         big = REPLY_UNIT * 60  # ~17 KB of Markdown
-        parts_sent = 0
-        for i in range(max(10, replies // 10)):
-            started = time.perf_counter()
+        big_parts = len(channel.format_parts(big))
+
+        async def long(i: int) -> None:
             stream = channel.open_stream(GROUP, f"long-{i}")
-            parts = channel.format_parts(big)
-            for index, part in enumerate(parts):
+            for index, part in enumerate(channel.format_parts(big)):
                 await stream.deliver(index, part)
             await stream.close()
-            parts_sent = len(parts)
-            long_answer.append(time.perf_counter() - started)
-        return {"notice": summary_ms(notice), "reply_cycle": summary_ms(cycle),
-                "reply_cycle_cpu_ms": round(cycle_cpu * 1000 / replies, 3),
-                "long_answer": {**summary_ms(long_answer), "parts": parts_sent, "markdown_chars": len(big)}}
+
+        out: dict[str, Any] = {}
+        for name, one, count in (("notice", notice, replies), ("short_reply", short, replies), ("fast_reply", fast, replies),
+                                 ("slow_reply", slow, replies), ("long_answer", long, max(10, replies // 10))):
+            timings = []
+            calls0 = len(h.fake.calls)
+            cpu0 = cpu_seconds()
+            for i in range(count):
+                started = time.perf_counter()
+                await one(i)
+                timings.append(time.perf_counter() - started)
+            cpu = cpu_seconds() - cpu0
+            await asyncio.sleep(0.05)  # let a cancelled typing call finish before counting
+            out[name] = {**summary_ms(timings), "cpu_ms": round(cpu * 1000 / count, 3),
+                         "api_calls": round((len(h.fake.calls) - calls0) / count, 2)}
+        out["long_answer"].update(parts=big_parts, markdown_chars=len(big))
+        out["fast_reply"].update(parts=len(parts))
+        return out
+
+
+FAKE_PROCESS = """
+import asyncio, sys
+from tests.fakes.telegram_server import FakeTelegram
+
+async def main() -> None:
+    fake = FakeTelegram()
+    await fake.start()
+    print(fake.base_url, fake.token, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes stdin
+    await fake.stop()
+
+asyncio.run(main())
+"""
+
+
+async def bench_calls(calls: int) -> list[dict[str, Any]]:
+    """CPU per Bot API call of the client and of the fake (in its own process), per transport."""
+    from telegram import Bot
+    from telegram.request import HTTPXRequest
+
+    from channels.telegram.transport import AiohttpRequest
+
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", FAKE_PROCESS, cwd=ROOT,
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdin is not None
+    base_url, token = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
+    rows = []
+    try:
+        for label, request in (("aiohttp (AiohttpRequest)", AiohttpRequest), ("httpx (HTTPXRequest)", HTTPXRequest)):
+            bot = Bot(token, base_url=base_url, request=request(connection_pool_size=32))
+            await bot.initialize()
+            message = await bot.send_message(42, "warm-up")
+            kinds = {
+                "sendMessage": lambda i, b=bot: b.send_message(-1001, f"answer <b>{i}</b>", parse_mode="HTML"),
+                "editMessageText": lambda i, b=bot, m=message: b.edit_message_text(
+                    f"preview <b>{i}</b>", chat_id=42, message_id=m.message_id, parse_mode="HTML"),
+                "sendChatAction": lambda i, b=bot: b.send_chat_action(-1001, "typing"),
+            }
+            for method, call in kinds.items():
+                for i in range(20):
+                    await call(i)
+                client0, fake0 = cpu_seconds(), proc_cpu(proc.pid)
+                for i in range(calls):
+                    await call(i)
+                rows.append({"transport": label, "method": method,
+                             "client_cpu_ms": round((cpu_seconds() - client0) * 1000 / calls, 3),
+                             "fake_cpu_ms": round((proc_cpu(proc.pid) - fake0) * 1000 / calls, 3)})
+            await bot.shutdown()
+    finally:
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+    return rows
 
 
 FIRST_FAULT_CHAT = 700_000
@@ -227,7 +328,7 @@ async def bench_faults(client: aioredis.Redis, replies: int, rate: float) -> dic
                         for k in range(1, preview_faults.PREVIEWS_PER_REPLY + 1)]
             platform = preview_faults.Platform(
                 open_stream=lambda n, ch=channel: ch.open_stream(  # type: ignore[misc]
-                    Target(channel="telegram", chat_id=str(FIRST_FAULT_CHAT + n), meta={"chat_type": "private"}),
+                    Target(channel="telegram", chat_id=str(FIRST_FAULT_CHAT + n), chat=TelegramChat(chat_type="private")),
                     f"bench-run-{n}"),
                 chat_shows=lambda n, fake=h.fake: [m.raw for m in fake.sent_messages(FIRST_FAULT_CHAT + n)],
                 api_calls=lambda n, fake=h.fake: _chat_calls(fake, FIRST_FAULT_CHAT + n),
@@ -259,6 +360,9 @@ def bench_format() -> list[dict[str, Any]]:
     return rows
 
 
+PARTS = ("format", "faults", "polling", "webhook", "outbound", "calls")
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--updates", type=int, default=300, help="sequential inbound updates per intake mode")
@@ -266,51 +370,71 @@ async def main() -> None:
     parser.add_argument("--replies", type=int, default=200, help="outbound notices and reply cycles")
     parser.add_argument("--redis-url", default=None, help="measure against this Redis instead of a private Valkey")
     parser.add_argument("--fault-rate", type=float, default=0.3, help="share of preview edits failing")
-    parser.add_argument("--faults-only", action="store_true", help="run only the preview-fault comparison")
+    parser.add_argument("--parts", default=",".join(PARTS),
+                        help=f"comma-separated subset of {','.join(PARTS)}; bench/telegram.json is written "
+                             "only when all run")
+    parser.add_argument("--faults-only", action="store_true", help="the same as --parts faults")
     args = parser.parse_args()
+    parts = ["faults"] if args.faults_only else [p.strip() for p in args.parts.split(",") if p.strip()]
+    if unknown := sorted(set(parts) - set(PARTS)):
+        parser.error(f"unknown --parts {','.join(unknown)}; choose from {','.join(PARTS)}")
     logging.disable(logging.WARNING)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
 
     report: dict[str, Any] = report_header("telegram", "bench/telegram.py")
-    if args.faults_only:
-        async with redis_client(redis_url_from_env(args.redis_url)) as client:
-            faults = await bench_faults(client, args.replies, args.fault_rate)
+    if "format" in parts:
+        report["format_parts"] = bench_format()
+    async with redis_client(redis_url_from_env(args.redis_url)) as client:
+        if "faults" in parts:
+            report["faults"] = await bench_faults(client, args.replies, args.fault_rate)
+        if "polling" in parts:
+            report["polling"] = await bench_polling(client, args.updates, args.burst)
+        if "webhook" in parts:
+            report["webhook"] = await bench_webhook(client, args.updates, args.burst)
+        if "outbound" in parts:
+            report["outbound"] = await bench_outbound(client, args.replies)
+    if "calls" in parts:
+        report["calls"] = await bench_calls(max(200, args.replies * 5))
+
+    if modes := [m for m in ("polling", "webhook") if m in report]:
+        print(table(["inbound", "p50 ms", "p90 ms", "p99 ms", "CPU ms/update (+fake)", "burst updates/s",
+                     "burst CPU ms/update (+fake)"], [
+            [mode, report[mode]["sequential"]["p50_ms"], report[mode]["sequential"]["p90_ms"],
+             report[mode]["sequential"]["p99_ms"], report[mode]["cpu_ms_per_update"],
+             report[mode]["burst"]["updates_per_s"], report[mode]["burst"]["cpu_ms_per_update"]]
+            for mode in modes
+        ]))
+        print()
+    if out := report.get("outbound"):
+        labels = {"notice": "send_text (notice)",
+                  "short_reply": f"short answer, {len(SHORT_ANSWER)} chars (typing, previews, final)",
+                  "fast_reply": f"fast answer, {len(REPLY_UNIT) * 2} chars (typing, previews, final)",
+                  "slow_reply": "slow answer (typing, preview shown, final)",
+                  "long_answer": f"long answer ({out['long_answer']['parts']} parts)"}
+        print(table(["outbound", "p50 ms", "p90 ms", "p99 ms", "API calls", "CPU ms (+fake)"], [
+            [label, out[key]["p50_ms"], out[key]["p90_ms"], out[key]["p99_ms"], out[key]["api_calls"],
+             out[key]["cpu_ms"]] for key, label in labels.items()
+        ]))
+        print()
+    if calls := report.get("calls"):
+        print(table(["Bot API call (fake in its own process)", "method", "client CPU ms", "fake CPU ms"], [
+            [r["transport"], r["method"], r["client_cpu_ms"], r["fake_cpu_ms"]] for r in calls
+        ]))
+        print()
+    if faults := report.get("faults"):
         print(table(["preview faults", "complete/once", "API calls/reply", "p50 ms", "p99 ms"],
                     preview_faults.rows(faults)))
         print(f"extra API calls per reply: {faults['extra_api_calls_per_reply']}")
-        return
-    report["format_parts"] = bench_format()
-    async with redis_client(redis_url_from_env(args.redis_url)) as client:
-        report["faults"] = await bench_faults(client, args.replies, args.fault_rate)
-        report["polling"] = await bench_polling(client, args.updates, args.burst)
-        report["webhook"] = await bench_webhook(client, args.updates, args.burst)
-        report["outbound"] = await bench_outbound(client, args.replies)
-
-    print(table(["inbound", "p50 ms", "p90 ms", "p99 ms", "burst updates/s", "CPU ms/update (+fake)"], [
-        [mode, report[mode]["sequential"]["p50_ms"], report[mode]["sequential"]["p90_ms"],
-         report[mode]["sequential"]["p99_ms"], report[mode]["burst"]["updates_per_s"],
-         report[mode]["cpu_ms_per_update"]]
-        for mode in ("polling", "webhook")
-    ]))
-    print()
-    out = report["outbound"]
-    print(table(["outbound", "p50 ms", "p90 ms", "p99 ms"], [
-        ["send_text (notice)", out["notice"]["p50_ms"], out["notice"]["p90_ms"], out["notice"]["p99_ms"]],
-        ["reply cycle (typing, preview, final)", out["reply_cycle"]["p50_ms"], out["reply_cycle"]["p90_ms"],
-         out["reply_cycle"]["p99_ms"]],
-        ["reply cycle CPU ms (+fake)", out["reply_cycle_cpu_ms"], "", ""],
-        [f"long answer ({out['long_answer']['parts']} parts)", out["long_answer"]["p50_ms"],
-         out["long_answer"]["p90_ms"], out["long_answer"]["p99_ms"]],
-    ]))
-    print()
-    print(table(["preview faults", "complete/once", "API calls/reply", "p50 ms", "p99 ms"],
-                preview_faults.rows(report["faults"])))
-    print(f"extra API calls per reply: {report['faults']['extra_api_calls_per_reply']}")
-    print()
-    print(table(["format_parts input", "chars", "parts", "best ms", "MB/s"], [
-        [r["input"], r["chars"], r["parts"], r["best_ms"], r["mb_per_s"]] for r in report["format_parts"]
-    ]))
-    write_json(OUTPUT, report)
+        for run in (faults["no_faults"], faults["with_faults"]):
+            if run["raised"]:
+                print(f"{run['raised']} replies raised, the first: {run['first_error']}")
+        print()
+    if rows := report.get("format_parts"):
+        print(table(["format_parts input", "chars", "parts", "best ms", "MB/s"], [
+            [r["input"], r["chars"], r["parts"], r["best_ms"], r["mb_per_s"]] for r in rows
+        ]))
+    if set(parts) == set(PARTS):
+        write_json(OUTPUT, report)
 
 
 if __name__ == "__main__":

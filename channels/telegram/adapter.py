@@ -313,6 +313,7 @@ class TelegramChannel:
             edit_interval_s=self.settings.stream_edit_interval_s,
             typing_interval_s=self.typing_interval_s,
             preview_timeout_s=self.preview_timeout_s,
+            first_preview_delay_s=self.settings.first_preview_delay_s,
             kv=self._ctx.kv if self._ctx is not None else None,
         )
 

@@ -33,6 +33,7 @@ MIN_PART_LIMIT = 256
 _LINK_SCHEMES = re.compile(r"^(?:https?|tg|mailto|ftp)://|^mailto:|^tg:", re.IGNORECASE)
 _LANG_SAFE = re.compile(r"[^A-Za-z0-9_+#.-]")
 _TAG = re.compile(r"<[^>]*>")
+_EMPTY_ELEMENT = re.compile(r"<([A-Za-z][A-Za-z0-9-]*)[^>]*></\1>", re.IGNORECASE)
 
 _md = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
 
@@ -332,7 +333,14 @@ def render_parts(markdown: str, limit: int) -> list[str]:
     if limit < MIN_PART_LIMIT:
         raise ValueError(f"limit must be at least {MIN_PART_LIMIT} to leave room beside reopened tags")
     max_url = min(MAX_URL_LEN, (limit - 128) // 2)
-    parts = split_html(markdown_to_html(markdown, max_url_len=max_url), limit)
+    markup = markdown_to_html(markdown, max_url_len=max_url)
+    # UTF-16 units as split_html counts them (a lone surrogate from the model is one unit).
+    if len(markup.encode("utf-16-le", "surrogatepass")) // 2 <= limit and not _EMPTY_ELEMENT.search(markup):
+        # Most answers fit one message: what split_html would return for the renderer's
+        # balanced output (one part, nothing to drop), without cutting it into units.
+        parts = [markup]
+    else:
+        parts = split_html(markup, limit)
     return [part for part in parts if html_to_plain(part).strip()]
 
 

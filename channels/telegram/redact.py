@@ -1,7 +1,8 @@
 """Keep the bot token out of library logs.
 
-The Bot API puts the token in every URL, and httpx logs request URLs at INFO
-("HTTP Request: POST https://api.telegram.org/bot<token>/getUpdates"). A filter on
+The Bot API puts the token in every URL, and the HTTP layer logs request URLs
+("HTTP Request: POST https://api.telegram.org/bot<token>/getUpdates"; httpx at INFO,
+``transport.AiohttpRequest`` at DEBUG). A filter on
 the libraries' loggers replaces the token before any handler sees the record, and
 :func:`scrub` cleans error texts before we log them ourselves.
 """
@@ -19,7 +20,8 @@ _TOKEN_SHAPE = re.compile(r"(?<!\d)\d{3,}:[A-Za-z0-9_-]{30,}")
 def scrub(text: str) -> str:
     """Replace anything shaped like a bot token (for error messages that go into logs)."""
     return _TOKEN_SHAPE.sub(REDACTED, text)
-LOGGERS = ("httpx", "telegram", "telegram.Bot", "telegram.BaseRequest", "telegram.HTTPXRequest")
+LOGGERS = ("httpx", "telegram", "telegram.Bot", "telegram.BaseRequest", "telegram.HTTPXRequest",
+           "telegram.AiohttpRequest")
 
 
 class TokenRedactor(logging.Filter):

@@ -49,6 +49,9 @@ class TelegramSettings:
     connect_backoff_s: float = 1.0
     message_limit: int = MESSAGE_LIMIT
     preview_timeout_s: float = 5.0  # one preview call; a slower one ends previewing for the run
+    # The first preview waits this long after the answer's first text (at most
+    # stream_edit_interval_s); an answer finished by then is sent once, without a preview.
+    first_preview_delay_s: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.token or ":" not in self.token:
@@ -63,6 +66,8 @@ class TelegramSettings:
             raise ValueError(f"telegram.dm_policy must be allowlist, open or pairing, got {self.dm_policy!r}")
         if self.stream_edit_interval_s <= 0:
             raise ValueError("telegram.stream_edit_interval_s must be positive")
+        if self.first_preview_delay_s < 0:
+            raise ValueError("the first preview delay cannot be negative")
         if self.start_attempts < 1 or self.start_timeout_s <= 0:
             raise ValueError("telegram start-up needs at least one attempt and a positive timeout")
 

@@ -17,11 +17,11 @@ from collections.abc import Awaitable, Callable, Iterable
 import structlog
 from telegram import Bot, BotCommand
 from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, TelegramError
-from telegram.request import HTTPXRequest
 
 from channels.base import ChannelStartError, KeyValue
 from channels.telegram.redact import scrub
 from channels.telegram.settings import TelegramSettings
+from channels.telegram.transport import AiohttpRequest
 
 log = structlog.get_logger(__name__)
 
@@ -48,10 +48,10 @@ def make_bot(settings: TelegramSettings) -> Bot:
         settings.token,
         base_url=base,
         base_file_url=file_base,
-        request=HTTPXRequest(
+        request=AiohttpRequest(
             connection_pool_size=32, read_timeout=15, write_timeout=15, connect_timeout=10, pool_timeout=5
         ),
-        get_updates_request=HTTPXRequest(connection_pool_size=2, read_timeout=10, connect_timeout=10),
+        get_updates_request=AiohttpRequest(connection_pool_size=2, read_timeout=10, connect_timeout=10),
     )
 
 
@@ -93,8 +93,8 @@ def start_error(exc: BaseException, settings: TelegramSettings) -> TelegramStart
         if isinstance(exc, TimeoutError):
             cause = f"no answer within {settings.start_timeout_s:g} s"
         else:
-            # "httpx.ConnectError: All connection attempts failed": the library's name is noise here.
-            cause = re.sub(r"^httpx\.\w+: ", "", scrub(str(exc))) or type(exc).__name__
+            # "aiohttp.ClientConnectorError: Cannot connect to host …": the library's name is noise here.
+            cause = re.sub(r"^(aiohttp|httpx)\.\w+: ", "", scrub(str(exc))) or type(exc).__name__
         return TelegramStartError(
             f"cannot reach the Telegram Bot API at {api_base(settings)} ({cause}); check the network "
             "(proxy, firewall, DNS) or telegram.api_base_url",

@@ -1,7 +1,10 @@
 """The live reply of one run in one Telegram chat: typing, a throttled preview, the final parts.
 
 ``preview`` only records the latest text; a background task pushes it at most once per
-``edit_interval_s`` (first as a new message, then by editing it). Previews are a
+``edit_interval_s`` (first as a new message, then by editing it). The first push waits
+``first_preview_delay_s`` after the first text: an answer complete by then (most short
+ones) goes out once, as the final message, instead of as a preview plus an edit, which
+costs a Bot API call, two store writes and a visible flicker for nothing. Previews are a
 courtesy: the first push that fails in any way (an error status, a timeout, a dropped
 connection, an unreadable answer, "message can't be edited", a deleted preview, a 429)
 ends previewing for the run, and the preview is left as it is until the final answer.
@@ -38,6 +41,7 @@ log = structlog.get_logger(__name__)
 
 TYPING_INTERVAL_S = 4.0  # the default of TelegramSettings.typing_interval_s
 PREVIEW_TIMEOUT_S = 5.0  # the default of TelegramSettings.preview_timeout_s
+FIRST_PREVIEW_DELAY_S = 0.5  # the default of TelegramSettings.first_preview_delay_s
 
 
 class TelegramReplyStream:
@@ -53,6 +57,7 @@ class TelegramReplyStream:
         edit_interval_s: float = 1.0,
         typing_interval_s: float = TYPING_INTERVAL_S,
         preview_timeout_s: float = PREVIEW_TIMEOUT_S,
+        first_preview_delay_s: float = FIRST_PREVIEW_DELAY_S,
         kv: KeyValue | None = None,
     ) -> None:
         self.sender = sender
@@ -62,13 +67,15 @@ class TelegramReplyStream:
         self.edit_interval_s = edit_interval_s
         self.typing_interval_s = typing_interval_s
         self.preview_timeout_s = preview_timeout_s
+        # Never later than the regular rhythm: a short interval asks for early previews.
+        self.first_preview_delay_s = min(first_preview_delay_s, edit_interval_s)
         self.memory = PreviewMemory(kv, "telegram", run_id, str(chat.chat_id))
         self.preview_message_id: int | None = None
         self.previews_failed = False  # a preview call failed: no more previews in this run
         self._latest: str | None = None
         self._pushed: str | None = None
         self._pushed_source: str | None = None
-        self._last_push = 0.0
+        self._next_push = 0.0  # monotonic time the next preview push is due
         self._dirty = asyncio.Event()
         self._lock = asyncio.Lock()
         self._final = False
@@ -112,13 +119,14 @@ class TelegramReplyStream:
         self._latest = text
         self._dirty.set()
         if self._flush_task is None:
+            self._next_push = time.monotonic() + self.first_preview_delay_s
             self._flush_task = asyncio.create_task(self._flush_loop(), name=f"tg-preview-{self.run_id}")
 
     async def _flush_loop(self) -> None:
         while True:
             raise_if_cancelled()
             await self._dirty.wait()
-            wait = self._last_push + self.edit_interval_s - time.monotonic()
+            wait = self._next_push - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
             self._dirty.clear()
@@ -126,7 +134,7 @@ class TelegramReplyStream:
                 if self._final or self.previews_failed or self._latest is None:
                     return
                 await self._push(self._latest)
-                self._last_push = time.monotonic()
+                self._next_push = time.monotonic() + self.edit_interval_s
 
     async def _push(self, text: str) -> None:
         """Show ``text`` in the preview message (caller holds the lock); never raises."""

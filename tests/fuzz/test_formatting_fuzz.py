@@ -215,3 +215,16 @@ def test_slack_preview_fits(md: str, limit: int) -> None:
     if preview is not None:
         assert len(preview) <= limit
         _slack_safe(preview)
+
+
+@fuzz(300)
+@given(model_text)
+def test_telegram_one_message_answers_skip_the_split_with_the_same_parts(text: str) -> None:
+    # render_parts takes a short cut when the markup fits one message; the result must be
+    # exactly what the markup-aware split gives.
+    from channels.telegram.format import MAX_URL_LEN
+    from channels.telegram.html_split import split_html
+
+    markup = markdown_to_html(text, max_url_len=min(MAX_URL_LEN, (TELEGRAM_LIMIT - 128) // 2))
+    expected = [p for p in split_html(markup, TELEGRAM_LIMIT) if html_to_plain(p).strip()]
+    assert render_parts(text, TELEGRAM_LIMIT) == expected

@@ -240,3 +240,59 @@ async def test_replies_still_go_out_after_intake_stopped(h: TelegramHarness, ch:
     await ch.aclose()
     with pytest.raises(RuntimeError, match="not started"):
         await ch.send_text(DM, "too late")
+
+
+def bot_calls(h: TelegramHarness) -> list[str]:
+    """The Bot API methods called so far, typing and polling left out."""
+    return [c.method for c in h.fake.calls if c.method not in ("sendChatAction", "getUpdates", "deleteWebhook",
+                                                                 "getMe", "setMyCommands", "deleteMyCommands")]
+
+
+async def test_an_answer_complete_before_the_first_preview_is_due_is_sent_once(
+    h: TelegramHarness, redis_client: aioredis.Redis
+) -> None:
+    ch = await h.channel(stream_edit_interval_s=10.0, first_preview_delay_s=5.0)
+    before = len(bot_calls(h))
+    stream = ch.open_stream(GROUP, "run-fast")
+    await stream.start()
+    for text in ("The", "The answer", "The answer is 42."):
+        await stream.preview(text)
+        await asyncio.sleep(0.01)
+    message_id = await stream.deliver(0, "The answer is <b>42</b>.")
+    await stream.close()
+    await asyncio.sleep(0.3)  # nothing may follow: no late preview, no delete
+
+    assert bot_calls(h)[before:] == ["sendMessage"]
+    [msg] = h.fake.sent_messages(-1001, include_deleted=True)
+    assert message_id == str(msg.message_id) and msg.raw == "The answer is <b>42</b>." and msg.edits == 0
+    assert msg.reply_to == 7  # the final answer quotes the trigger in a group
+    assert await redis_client.keys("*telegram:preview:run-fast*") == []  # no preview was ever remembered
+
+
+async def test_a_slow_answer_still_shows_a_preview_that_becomes_the_answer(h: TelegramHarness) -> None:
+    ch = await h.channel(first_preview_delay_s=0.1)
+    stream = ch.open_stream(DM, "run-slow")
+    await stream.start()
+    await stream.preview("Thinking about the first part")
+    await h.fake.wait_calls("sendMessage")  # the answer is still streaming: the preview shows
+    [preview] = h.fake.sent_messages(42)
+    assert preview.text == "Thinking about the first part"
+    await stream.preview("Thinking about the first part and the second")
+    await h.fake.wait_calls("editMessageText")  # later previews edit it
+
+    message_id = await stream.deliver(0, "<b>Done</b>")
+    await stream.close()
+    [final] = h.fake.sent_messages(42, include_deleted=True)
+    assert message_id == str(final.message_id) == str(preview.message_id) and final.text == "Done"
+
+
+async def test_a_silent_answer_before_the_first_preview_sends_nothing(h: TelegramHarness) -> None:
+    ch = await h.channel(stream_edit_interval_s=10.0, first_preview_delay_s=5.0)
+    before = len(bot_calls(h))
+    stream = ch.open_stream(DM, "run-quiet")
+    await stream.start()
+    await stream.preview("NO_")
+    await stream.discard()
+    await stream.close()
+    await asyncio.sleep(0.3)
+    assert bot_calls(h)[before:] == [] and h.fake.sent_messages(42, include_deleted=True) == []

@@ -245,3 +245,14 @@ def test_split_html_properties(markup: str, limit: int) -> None:
         assert utf16_len(part) <= limit
         assert_balanced(part)
     assert "".join(html_to_plain(p) for p in parts) == html_to_plain(markup)
+
+
+@pytest.mark.parametrize("md", [
+    "", "   ", "plain words", "**bold** and _it_ and `code`", "****", "[](https://example.com)",
+    "[label](relative/link)", "> quote\n>> nested", "- a\n- b\n\n1. one\n2. two", "---",
+    "| a | b |\n|---|---|\n| 1 | 2 |", "```python\nx < 1 & y\n```", "emoji 😀 " * 30,
+    "<b>raw html</b> & entities &amp;", "~~gone~~ **_both_**", "a\\\nb  \nc",
+])
+def test_one_message_answers_are_split_as_the_splitter_would(md: str) -> None:
+    markup = markdown_to_html(md)
+    assert render_parts(md, 4096) == [p for p in split_html(markup, 4096) if html_to_plain(p).strip()]
