@@ -4,9 +4,21 @@ is never cut off midway."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from channels.slack.acceptance import AcceptGate
 from channels.slack.intake import Outcome
+
+
+def slow_work(seconds: float, finished: asyncio.Event) -> Callable[[], Awaitable[Outcome]]:
+    """Work that takes ``seconds`` and then notes that it ran to its end."""
+
+    async def work() -> Outcome:
+        await asyncio.sleep(seconds)
+        finished.set()
+        return Outcome("submitted")
+
+    return work
 
 
 async def test_work_within_the_deadline_is_accepted() -> None:
@@ -22,13 +34,7 @@ async def test_work_within_the_deadline_is_accepted() -> None:
 async def test_work_past_the_deadline_is_not_accepted_but_finishes() -> None:
     gate = AcceptGate(4)
     finished = asyncio.Event()
-
-    async def slow() -> Outcome:
-        await asyncio.sleep(0.2)
-        finished.set()
-        return Outcome("submitted")
-
-    assert await gate.accept("event", slow, 0.05) == Outcome("failed", "timeout")
+    assert await gate.accept("event", slow_work(0.2, finished), 0.05) == Outcome("failed", "timeout")
     await asyncio.wait_for(finished.wait(), 2)  # left to finish, never cancelled
     await gate.drain(1)
 
@@ -55,13 +61,7 @@ async def test_no_free_slot_before_the_deadline_is_busy() -> None:
 async def test_a_cancelled_caller_does_not_cancel_the_work() -> None:
     gate = AcceptGate(2)
     finished = asyncio.Event()
-
-    async def work() -> Outcome:
-        await asyncio.sleep(0.1)
-        finished.set()
-        return Outcome("submitted")
-
-    caller = asyncio.create_task(gate.accept("event", work, 5))
+    caller = asyncio.create_task(gate.accept("event", slow_work(0.1, finished), 5))
     await asyncio.sleep(0.01)
     caller.cancel()
     await asyncio.gather(caller, return_exceptions=True)
