@@ -14,6 +14,7 @@ the client posting the events) runs on its own event loop in a second thread: th
 main thread's CPU time is the channel's alone, the process's is channel and fake.
 
     .venv/bin/python bench/slack.py [--events 500] [--burst 200] [--replies 200] [--fault-rate 0.3] [--faults-only | --no-faults]
+    .venv/bin/python bench/slack.py --only socket|http|reply [--events N | --replies N]   # one phase, to profile
 
 Prints a table and writes bench/slack.json.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import statistics
 import sys
@@ -365,8 +367,17 @@ async def main() -> None:
     parser.add_argument("--fault-rate", type=float, default=0.3, help="share of chat.update calls failing")
     parser.add_argument("--faults-only", action="store_true", help="run only the preview-fault comparison")
     parser.add_argument("--no-faults", action="store_true", help="leave out the preview-fault comparison")
+    parser.add_argument("--only", choices=("socket", "http", "reply"),
+                        help="run one CPU phase alone and print its figures (to profile it)")
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    if args.only:
+        async with valkey() as client, FakeThread() as ft:
+            phases = {"socket": lambda: bench_socket(ft, client, args.events, args.burst),
+                      "http": lambda: bench_http(ft, client, args.events, args.burst),
+                      "reply": lambda: bench_replies(ft, client, args.replies)}
+            print(json.dumps(await phases[args.only](), indent=2))
+        return
     if args.faults_only:
         async with valkey() as client:
             only = await bench_faults(client, args.replies, args.fault_rate)
