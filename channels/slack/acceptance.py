@@ -63,16 +63,19 @@ class AcceptGate:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
-        try:
-            async with asyncio.timeout_at(deadline):
-                await self._slots.acquire()
-        except TimeoutError:
-            outcome = Outcome("failed", "busy")
+        outcome: Outcome | None = None
+        if not self._slots.locked():
+            await self._slots.acquire()  # a free slot is taken without waiting
         else:
-            task = self.spawn(self._holding_slot(kind, work))
             try:
-                outcome = await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):
+                    await self._slots.acquire()
             except TimeoutError:
+                outcome = Outcome("failed", "busy")
+        if outcome is None:
+            task = self.spawn(self._holding_slot(kind, work))
+            outcome = await self._within(task, deadline)
+            if outcome is None:
                 outcome = Outcome("failed", "timeout")
                 task.add_done_callback(lambda t: self._log_late(kind, t))
         if not outcome.accepted:
@@ -80,6 +83,30 @@ class AcceptGate:
         if self._observer is not None:
             self._observer(kind, outcome)
         return outcome
+
+    @staticmethod
+    async def _within(task: asyncio.Task[Outcome], deadline: float) -> Outcome | None:
+        """The task's outcome, or None at the deadline; the task is never cancelled.
+
+        One future and one timer: cheaper than ``wait_for(shield(task))`` per event.
+        """
+        if task.done():
+            return task.result()
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+
+        def wake(_: object = None) -> None:
+            if not waiter.done():
+                waiter.set_result(None)
+
+        timer = loop.call_at(deadline, wake)
+        task.add_done_callback(wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            task.remove_done_callback(wake)
+        return task.result() if task.done() else None
 
     async def _holding_slot(self, kind: str, work: Callable[[], Awaitable[Outcome]]) -> Outcome:
         try:

@@ -54,9 +54,23 @@ from channels.slack.stream import SlackReplyStream
 
 log = structlog.get_logger(__name__)
 
+WEB_LOGGER = "botd.slack.web"
 DRAIN_TIMEOUT_S = 5.0
 
 _TOKEN_ERRORS = frozenset({"invalid_auth", "not_authed", "account_inactive", "token_revoked", "token_expired"})
+
+
+def web_logger() -> logging.Logger:
+    """The Web API clients' logger, with its own level set to the effective one.
+
+    slack_sdk decides whether to build its per-call debug lines (URL, params, headers,
+    body) from ``logger.level`` alone; a logger left at NOTSET (0) passes that test, so
+    every call would format them only for logging to drop them.
+    """
+    logger = logging.getLogger(WEB_LOGGER)
+    logger.setLevel(logging.NOTSET)  # inherit the configured level, as of this start
+    logger.setLevel(logger.getEffectiveLevel())
+    return logger
 
 
 class SlackStartError(ChannelStartError):
@@ -126,6 +140,7 @@ class SlackChannel:
             session=self._session,
             timeout=int(s.api_timeout_s),
             retry_handlers=[],
+            logger=web_logger(),
         )
         self._api = SlackApi(client, max_retries=s.api_max_retries)
         self._files = SlackFiles(self._api, self._session, s.bot_token, s.base_url)
@@ -169,7 +184,9 @@ class SlackChannel:
             return result
 
         # No token on bolt's own client: requests are authorized through ``authorize``.
-        bolt_client = AsyncWebClient(base_url=s.base_url, session=self._session, retry_handlers=[])
+        bolt_client = AsyncWebClient(
+            base_url=s.base_url, session=self._session, retry_handlers=[], logger=web_logger()
+        )
         app = AsyncApp(
             name="botd",
             client=bolt_client,

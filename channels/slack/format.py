@@ -8,19 +8,26 @@ text is escaped (see mrkdwn.py), which renders mentions the model writes inert.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from channels.slack.mrkdwn import Block, CodeBlock, Line, Run, Style, TextBlock, safe_url
-from channels.slack.split import split_blocks
+from channels.slack.split import MIN_LIMIT, split_blocks
 
 SLACK_TEXT_LIMIT = 4000
 RULE = "──────────"
 
 _MARKERS = {"strong_open": "*", "em_open": "_", "s_open": "~"}
 _CLOSERS = {"strong_close": "*", "em_close": "_", "s_close": "~"}
+
+# One line no Markdown construct can start in: a letter first (no list marker, heading,
+# quote or indented code), then letters, digits, spaces and punctuation that means
+# nothing here (no emphasis, code, link, entity, HTML or escape), no trailing space.
+# Such text renders as itself, so short plain answers skip the parse.
+_PLAIN_LINE = re.compile(r"[^\W\d_](?:[^\W_]|[ ,.;:?!'\"%$@/()+=-])*(?<! )")
 
 _PARSER = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
 
@@ -285,6 +292,8 @@ def to_mrkdwn(markdown: str) -> str:
 
 def format_parts(markdown: str, limit: int = SLACK_TEXT_LIMIT) -> list[str]:
     """Slack message texts of at most ``limit`` characters each; [] when nothing shows."""
+    if limit >= MIN_LIMIT and len(markdown) <= limit and _PLAIN_LINE.fullmatch(markdown):
+        return [markdown]
     return split_blocks(render_blocks(markdown), limit)
 
 

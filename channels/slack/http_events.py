@@ -21,6 +21,7 @@ chunked bodies: the body is read whole).
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -38,6 +39,7 @@ log = structlog.get_logger(__name__)
 MAX_AGE_S = 300
 # What a listener answers for a request the gateway did not accept (Slack retries 5xx).
 NOT_ACCEPTED_STATUS = 503
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 Dispatch = Callable[[AsyncBoltRequest], Awaitable[BoltResponse]]
 Clock = Callable[[], float]
@@ -55,37 +57,48 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"ok": False, "error": message}, status=status)
 
 
-def check_body(raw: str, content_type: str) -> str | None:
-    """None when ``raw`` has the shape Slack sends, else what is wrong with it."""
+def check_body(raw: str, content_type: str) -> tuple[str | None, dict[str, Any] | None]:
+    """(what is wrong with ``raw``, or None when it has the shape Slack sends; the parsed
+    JSON object of an Events API body, or None for a form)."""
     if content_type == "application/json":
         try:
             data: Any = json.loads(raw)
         except (json.JSONDecodeError, RecursionError):
-            return "body is not valid JSON"
+            return "body is not valid JSON", None
         if not isinstance(data, dict) or not isinstance(data.get("type"), str):
-            return "body must be a JSON object with a type"
-        return None if _is_unicode(data) else "body holds a lone surrogate escape"
+            return "body must be a JSON object with a type", None
+        if not _is_unicode(raw, data):
+            return "body holds a lone surrogate escape", None
+        return None, data
     if content_type == "application/x-www-form-urlencoded":
         try:
             form = parse_qs(raw, keep_blank_values=True, strict_parsing=bool(raw))
         except ValueError:
-            return "body is not a valid form"
+            return "body is not a valid form", None
         if "payload" in form:
             try:
                 payload = json.loads(form["payload"][0])
             except (json.JSONDecodeError, RecursionError):
-                return "payload is not valid JSON"
+                return "payload is not valid JSON", None
             if not isinstance(payload, dict) or not isinstance(payload.get("type"), str):
-                return "payload must be a JSON object with a type"
-            return None if _is_unicode(payload) else "payload holds a lone surrogate escape"
+                return "payload must be a JSON object with a type", None
+            if not _is_unicode(form["payload"][0], payload):
+                return "payload holds a lone surrogate escape", None
+            return None, None
         if "command" in form or "ssl_check" in form:
-            return None
-        return "form has neither a command nor a payload"
-    return f"unsupported content type {content_type or '(none)'}"
+            return None, None
+        return "form has neither a command nor a payload", None
+    return f"unsupported content type {content_type or '(none)'}", None
 
 
-def _is_unicode(data: Any) -> bool:
-    """Whether every string in ``data`` is valid Unicode (no lone surrogates)."""
+def _is_unicode(raw: str, data: Any) -> bool:
+    """Whether every string in ``data`` (parsed from ``raw``) is valid Unicode.
+
+    ``raw`` itself was decoded as UTF-8, so a lone surrogate can only come from a
+    ``\\uD800``-``\\uDFFF`` escape: without one there is nothing to re-encode.
+    """
+    if not _SURROGATE_ESCAPE.search(raw):
+        return True
     try:
         json.dumps(data, ensure_ascii=False).encode("utf-8")
     except (UnicodeEncodeError, RecursionError):
@@ -116,7 +129,7 @@ class SlackEventsEndpoint:
             text = raw.decode("utf-8")
         except UnicodeDecodeError:
             return _error(400, "body is not UTF-8")
-        malformed = check_body(text, request.content_type)
+        malformed, event_body = check_body(text, request.content_type)
         if malformed is not None:
             log.warning("slack.http_malformed", reason=malformed)
             return _error(400, malformed)
@@ -127,7 +140,14 @@ class SlackEventsEndpoint:
             )
         headers: dict[str, str | Sequence[str]] = {k.lower(): v for k, v in request.headers.items()}
         try:
-            bolt_request = AsyncBoltRequest(body=text, query=request.query_string, headers=headers)
+            if event_body is not None:  # parsed and checked above; bolt need not parse it again
+                # (bolt takes a parsed body only in its socket mode; the mode decides
+                # nothing else here, as the signature was verified above)
+                bolt_request = AsyncBoltRequest(
+                    body=event_body, query=request.query_string, headers=headers, mode="socket_mode"
+                )
+            else:
+                bolt_request = AsyncBoltRequest(body=text, query=request.query_string, headers=headers)
         except Exception as exc:  # bolt reads ids out of the payload, trusting their types
             log.warning("slack.http_malformed", reason=f"bolt cannot read the payload ({type(exc).__name__})")
             return _error(400, "payload is not shaped like Slack's")

@@ -185,7 +185,7 @@ class SlackIntake:
         if not outcome.accepted:
             log.error("slack.not_accepted", event_id=event_id, run_id=request.run_id, detail=result.detail)
         else:
-            log.info("slack.submitted", run_id=request.run_id, session_key=request.session_key, status=result.status)
+            log.debug("slack.submitted", run_id=request.run_id, session_key=request.session_key, status=result.status)
         return outcome
 
     async def _challenge(self, team: str, channel: str, ts: str, user: str) -> Outcome:

@@ -236,3 +236,33 @@ def test_plain_words_survive_splitting(words: list[str]) -> None:
     text = " ".join(w.strip() or "x" for w in words)
     parts = format_parts(text, 80)
     assert " ".join(" ".join(parts).split()) == " ".join(text.split())
+
+
+# Plain one-line text skips the Markdown parse: it must render exactly as the parse would.
+_PLAINISH = st.text(
+    alphabet=st.sampled_from([*"aZ\u00e9\u4e2d1 ,.;:?!'\"%$@/()+=-_*`~#>[]<&|\\\t\n", "\u00a0", "\u200b"]),
+    max_size=40,
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_PLAINISH)
+def test_plain_text_shortcut_renders_like_the_parser(text: str) -> None:
+    from channels.slack.format import render_blocks
+    from channels.slack.split import split_blocks
+
+    assert format_parts(text) == split_blocks(render_blocks(text), SLACK_TEXT_LIMIT)
+
+
+@pytest.mark.parametrize(
+    "text", ["Sure, done!", "plain notice", "Ready in 5 minutes (maybe 10).", "state-of-the-art: 100% @here"]
+)
+def test_plain_sentences_are_sent_as_they_are(text: str) -> None:
+    assert format_parts(text) == [text]
+
+
+def test_plain_text_over_the_limit_is_still_split() -> None:
+    text = "word " * 2000 + "end"
+    parts = format_parts(text)
+    assert len(parts) > 1
+    assert all(len(part) <= SLACK_TEXT_LIMIT for part in parts)

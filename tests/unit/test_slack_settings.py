@@ -52,3 +52,23 @@ def test_from_config_unwraps_secrets_and_copies_the_section() -> None:
     assert (settings.mode, settings.events_path, settings.require_mention) == ("http", "/hooks/slack", False)
     assert settings.allow_from == ("U1", "U2") and settings.channels == ("C1",)
     assert settings.preview_interval_s == 0.5
+
+
+def test_web_api_logger_level_follows_the_configured_one() -> None:
+    """slack_sdk formats its per-call debug lines whenever its logger's own level is NOTSET
+    or DEBUG; the channel's logger carries the configured level so they are built only
+    when they would be shown."""
+    import logging
+
+    from channels.slack.adapter import WEB_LOGGER, web_logger
+
+    root = logging.getLogger()
+    saved_root, saved_web = root.level, logging.getLogger(WEB_LOGGER).level
+    try:
+        root.setLevel(logging.INFO)
+        assert web_logger().level == logging.INFO
+        root.setLevel(logging.DEBUG)
+        assert web_logger().level == logging.DEBUG
+    finally:
+        root.setLevel(saved_root)
+        logging.getLogger(WEB_LOGGER).setLevel(saved_web)
