@@ -1,0 +1,386 @@
+"""The rig of ``bench/paths.py``: one real botd process per path, the fake platform that
+feeds it (in this process), and what is read from the outside — the CPU of the botd
+process tree from /proc, the embedded Valkey's counters, the daemon's log.
+
+Every path has the same face (:class:`Path`): ``send(session, message)`` hands one
+message to botd the way that platform does and records when it did (``handed``), and
+``expect(mark)`` resolves with the time the platform saw a bot message holding the
+whole answer. Times are ``time.monotonic()`` (CLOCK_MONOTONIC, system-wide on Linux),
+so they compare with the fake model's, which runs in another process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path as FsPath
+from typing import Any
+
+import aiohttp
+import psutil
+import redis.asyncio as aioredis
+
+from bench.common import FakeLLM
+from bench.replicas_fleet import MARK, MarkWatch, WatchedSlack, message_text, user_of, wait_ready
+from bot.store.embedded import EmbeddedPaths
+from tests.e2e.botd_process import BOTD, botd_run, clean_env, free_port, write_config
+from tests.e2e.chat_rig import (
+    EVENTS_PATH,
+    WEBHOOK_PATH,
+    WEBHOOK_SECRET,
+    post_slack,
+    post_telegram,
+    slack_dm_body,
+    telegram_dm_update,
+)
+from tests.fakes.telegram_server import FakeTelegram
+
+PATHS = ("telegram-polling", "telegram-webhook", "slack-socket", "slack-http", "console")
+TELEGRAM_TOKEN = "123456:BENCH-token-for-fake"
+TELEGRAM_USER_BASE = 700_000  # a session's Telegram user (and private chat) id is this + its number
+RUN_FINISHED = b'"run.finished"'
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+# ---- what is read from the outside ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeCPU:
+    """CPU of a process tree at one moment. ``ticks_s``: utime+stime (+cutime+cstime, the
+    reaped children) of every process from /proc/<pid>/stat, in 1/CLK_TCK steps (10 ms),
+    good for totals; ``exact_s``: the scheduler's nanosecond run time of every live
+    thread (/proc/<pid>/task/*/schedstat), fine enough for one message."""
+
+    ticks_s: float
+    exact_s: float
+    rss: int
+
+
+def tree_pids(root: int) -> list[int]:
+    try:
+        return [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]
+    except psutil.Error:
+        return []
+
+
+def tree_cpu(root: int) -> TreeCPU:
+    ticks = exact = 0.0
+    rss = 0
+    for pid in tree_pids(root):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            stat = FsPath(f"/proc/{pid}/stat").read_text()
+            fields = stat[stat.rindex(")") + 2 :].split()
+            ticks += sum(int(v) for v in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
+            rss += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            for task in os.scandir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError, ValueError):
+                    exact += int(FsPath(task.path, "schedstat").read_text().split()[0]) / 1e9
+    return TreeCPU(ticks, exact, rss)
+
+
+@dataclass(frozen=True)
+class StoreCounters:
+    commands: Counter[str]  # calls per command (INFO commandstats), INFO itself left out
+    reads: int  # read events Valkey processed (total_reads_processed): one per request batch
+
+
+class StoreProbe:
+    """A client of the workspace's embedded Valkey (socket and password under
+    ``<workspace>/.botd``), reading its counters. Each ``counters()`` is one INFO, whose
+    own read is taken out of the deltas."""
+
+    def __init__(self, workspace: FsPath) -> None:
+        paths = EmbeddedPaths.for_workspace(workspace)
+        self.client = aioredis.Redis(unix_socket_path=str(paths.socket),
+                                     password=paths.password.read_text().strip())
+
+    async def counters(self) -> StoreCounters:
+        info = await self.client.info("all")
+        commands = Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()
+                            if k.startswith("cmdstat_") and k != "cmdstat_info"})
+        return StoreCounters(commands, int(info["total_reads_processed"]))
+
+    @staticmethod
+    def delta(before: StoreCounters, after: StoreCounters) -> tuple[int, int, Counter[str]]:
+        """(commands, round trips, commands by name) between two readings."""
+        by_name = after.commands - before.commands
+        return sum(by_name.values()), after.reads - before.reads - 1, by_name
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+
+class LogTail:
+    """Counts ``run.finished`` events in a botd JSON log as it grows."""
+
+    def __init__(self, path: FsPath) -> None:
+        self.path = path
+        self._offset = 0
+        self._tail = b""
+        self.runs = 0
+
+    def poll(self) -> int:
+        with contextlib.suppress(FileNotFoundError), self.path.open("rb") as f:
+            f.seek(self._offset)
+            data = f.read()
+            self._offset += len(data)
+            lines = (self._tail + data).split(b"\n")
+            self._tail = lines.pop()
+            self.runs += sum(1 for line in lines if RUN_FINISHED in line)
+        return self.runs
+
+    async def wait_runs(self, count: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.poll() < count:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.005)
+        return True
+
+
+# ---- the paths -------------------------------------------------------------------------
+
+
+class Path:
+    """One way into botd; see the module docstring. ``pid`` is the root of the measured
+    process tree (botd and its embedded Valkey), ``log_path`` its JSON log."""
+
+    def __init__(self, name: str, workspace: FsPath, log_path: FsPath, pid: int) -> None:
+        self.name, self.workspace, self.log_path, self.pid = name, workspace, log_path, pid
+        self.handed: dict[str, float] = {}
+
+    def handed_at(self, mark: str) -> float | None:
+        """When the message with ``mark`` was handed to botd (None: not yet, or unknown)."""
+        return self.handed.get(mark)
+
+    def expect(self, mark: str) -> asyncio.Future[float]:
+        raise NotImplementedError
+
+    async def send(self, session: int, message: int) -> None:
+        raise NotImplementedError
+
+
+class WatchedTelegram(MarkWatch, FakeTelegram):
+    """The fake Bot API, recording when ``getUpdates`` first served each marker and
+    watching ``sendMessage``/``editMessageText`` for answers."""
+
+    def __init__(self, token: str) -> None:
+        super().__init__(token)
+        self.waiting = {}
+        self.served: dict[str, float] = {}
+
+    async def _m_getUpdates(self, p: dict[str, Any]) -> Any:
+        batch = await super()._m_getUpdates(p)
+        now = time.monotonic()
+        for update in batch:
+            for mark in MARK.findall(str((update.get("message") or {}).get("text") or "")):
+                self.served.setdefault(mark, now)
+        return batch
+
+    async def _m_sendMessage(self, p: dict[str, Any]) -> Any:
+        result = await super()._m_sendMessage(p)
+        self.seen(str(p.get("text") or ""))
+        return result
+
+    async def _m_editMessageText(self, p: dict[str, Any]) -> Any:
+        result = await super()._m_editMessageText(p)
+        self.seen(str(p.get("text") or ""))
+        return result
+
+
+def mark_in(text: str) -> str:
+    return str(MARK.findall(text)[-1])
+
+
+class TelegramPath(Path):
+    def __init__(self, name: str, workspace: FsPath, log_path: FsPath, pid: int, fake: WatchedTelegram,
+                 url: str, http: aiohttp.ClientSession) -> None:
+        super().__init__(name, workspace, log_path, pid)
+        self.fake, self.url, self.http = fake, url, http
+
+    def handed_at(self, mark: str) -> float | None:
+        if self.name == "telegram-polling":
+            return self.fake.served.get(mark)  # handed when getUpdates serves it
+        return super().handed_at(mark)
+
+    def expect(self, mark: str) -> asyncio.Future[float]:
+        return self.fake.expect(mark)
+
+    async def send(self, session: int, message: int) -> None:
+        text = message_text(session, message)
+        update = telegram_dm_update(self.fake, TELEGRAM_USER_BASE + session, text)
+        if self.name == "telegram-polling":
+            self.fake.push_update(update)
+            return
+        self.handed[mark_in(text)] = time.monotonic()
+        status = await post_telegram(self.http, self.url, update)
+        if status != 200:
+            raise RuntimeError(f"{self.name}: botd answered {status} to a webhook update")
+
+
+class SlackPath(Path):
+    def __init__(self, name: str, workspace: FsPath, log_path: FsPath, pid: int, fake: WatchedSlack,
+                 url: str, http: aiohttp.ClientSession) -> None:
+        super().__init__(name, workspace, log_path, pid)
+        self.fake, self.url, self.http = fake, url, http
+
+    def expect(self, mark: str) -> asyncio.Future[float]:
+        return self.fake.expect(mark)
+
+    async def send(self, session: int, message: int) -> None:
+        text = message_text(session, message)
+        body = slack_dm_body(self.fake, user_of(session), text)
+        self.handed[mark_in(text)] = time.monotonic()
+        if self.name == "slack-socket":
+            await self.fake.send_envelope("events_api", body)
+            return
+        status = await post_slack(self.http, self.url, self.fake, body)
+        if status != 200:
+            raise RuntimeError(f"{self.name}: botd answered {status} to an event")
+
+
+class ConsolePath(Path):
+    """``botd chat`` with its stdin and stdout on pipes: a line written is a message, and
+    an answer is complete once its marker (the last word) is on stdout."""
+
+    def __init__(self, workspace: FsPath, log_path: FsPath, proc: asyncio.subprocess.Process) -> None:
+        super().__init__("console", workspace, log_path, proc.pid)
+        self.proc = proc
+        self.waiting: dict[str, asyncio.Future[float]] = {}
+        self.output = bytearray()  # everything before the banner, then a short tail
+        self.banner = asyncio.Event()
+        self._reader = asyncio.create_task(self._read())
+
+    def expect(self, mark: str) -> asyncio.Future[float]:
+        fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
+        self.waiting[mark] = fut
+        return fut
+
+    async def send(self, session: int, message: int) -> None:
+        text = message_text(session, message)
+        assert self.proc.stdin is not None
+        self.handed[mark_in(text)] = time.monotonic()
+        self.proc.stdin.write(text.encode() + b"\n")
+        await self.proc.stdin.drain()
+
+    async def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while chunk := await self.proc.stdout.read(65536):
+            now = time.monotonic()
+            self.output += chunk
+            if not self.banner.is_set() and b"type a message" in self.output:
+                self.banner.set()
+            for mark in MARK.findall(self.output.decode(errors="replace")):
+                fut = self.waiting.pop(mark, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(now)
+            if self.banner.is_set():
+                del self.output[:-32]  # a marker cut between two reads is whole next time
+
+    async def close(self, timeout_s: float = 60.0) -> None:
+        assert self.proc.stdin is not None
+        with contextlib.suppress(ConnectionError):
+            self.proc.stdin.write(b"/exit\n")
+            await self.proc.stdin.drain()
+            self.proc.stdin.close()
+        try:
+            await asyncio.wait_for(self.proc.wait(), timeout_s)
+        except TimeoutError:
+            self.proc.kill()
+            await self.proc.wait()
+        self._reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._reader
+
+
+# ---- starting one --------------------------------------------------------------------------
+
+
+def base_config(workspace: FsPath, llm: FakeLLM, max_concurrent_runs: int, debounce_ms: int | None) -> dict[str, Any]:
+    """botd's defaults but for where things are; ``max_concurrent_runs`` raised so a
+    thousand chats at once are not capped at 64 (the concurrency figures say so)."""
+    config: dict[str, Any] = {
+        "agent": {"workspace": str(workspace)},
+        "llm": {"base_url": llm.base_url, "api_key": "bench-key", "request_timeout_s": 300},
+        "gateway": {"max_concurrent_runs": max_concurrent_runs},
+    }
+    if debounce_ms is not None:
+        config["queue"] = {"debounce_ms": debounce_ms}
+    return config
+
+
+@contextlib.asynccontextmanager
+async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions: int,
+                    http: aiohttp.ClientSession) -> AsyncIterator[Path]:
+    """``name``'s fake platform here and botd in its own process, ready for messages;
+    ``sessions`` is how many session numbers (from 1) the allowlist must let in."""
+    workspace = FsPath(config["agent"]["workspace"])
+    if name == "console":
+        async with _console(workdir, config, workspace) as console:
+            yield console
+        return
+    port = free_port()
+    config = {**config, "http": {"port": port}}
+    fakes: contextlib.AsyncExitStack = contextlib.AsyncExitStack()
+    async with fakes:
+        if name.startswith("telegram"):
+            tg = WatchedTelegram(TELEGRAM_TOKEN)
+            await fakes.enter_async_context(tg)
+            config["telegram"] = {
+                "enabled": True, "token": TELEGRAM_TOKEN, "api_base_url": tg.base_url,
+                "mode": "webhook" if name == "telegram-webhook" else "polling",
+                "allow_from": [str(TELEGRAM_USER_BASE + s) for s in range(1, sessions + 1)],
+            }
+            if name == "telegram-webhook":
+                config["telegram"] |= {"webhook_url": f"http://127.0.0.1:{port}{WEBHOOK_PATH}",
+                                       "webhook_secret": WEBHOOK_SECRET, "webhook_path": WEBHOOK_PATH}
+        else:
+            slack = WatchedSlack()
+            await fakes.enter_async_context(slack)
+            config["slack"] = {
+                "enabled": True, "mode": "socket" if name == "slack-socket" else "http",
+                "bot_token": slack.bot_token, "app_token": slack.app_token,
+                "signing_secret": slack.signing_secret, "api_base_url": slack.api_url,
+                "events_path": EVENTS_PATH, "allow_from": [user_of(s) for s in range(1, sessions + 1)],
+            }
+        path = write_config(workdir / "botd.yaml", config)
+        async with botd_run(path, port, workdir) as botd:
+            try:
+                await wait_ready(botd)
+                if name == "telegram-webhook":
+                    await tg.wait_for(lambda: bool(tg.webhook_url), 30)
+                if name == "slack-socket":
+                    await slack.wait_connected(within=30)
+                if name.startswith("telegram"):
+                    yield TelegramPath(name, workspace, botd.log_path, botd.proc.pid, tg, botd.url, http)
+                else:
+                    yield SlackPath(name, workspace, botd.log_path, botd.proc.pid, slack, botd.url, http)
+            finally:
+                # SIGTERM, also when interrupted: botd stops its Valkey (a SIGKILL would orphan it).
+                code = await botd.terminate(60)
+            if code != 0:
+                raise RuntimeError(f"botd exited with {code} on SIGTERM:\n{botd.log()[-3000:]}")
+
+
+@contextlib.asynccontextmanager
+async def _console(workdir: FsPath, config: dict[str, Any], workspace: FsPath) -> AsyncIterator[ConsolePath]:
+    path = write_config(workdir / "botd.yaml", config)
+    proc = await asyncio.create_subprocess_exec(
+        *BOTD, "--config", str(path), "chat", cwd=str(workdir), env=clean_env(),
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    console = ConsolePath(workspace, workspace / ".botd" / "logs" / "chat.log", proc)
+    try:
+        try:
+            await asyncio.wait_for(console.banner.wait(), 60)
+        except TimeoutError:
+            raise RuntimeError(f"botd chat did not start: {console.output[-2000:].decode(errors='replace')}") from None
+        yield console
+    finally:
+        await console.close()
