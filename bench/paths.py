@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shutil
 import signal
 import sys
 from pathlib import Path
@@ -64,7 +65,7 @@ from bench.paths_parts import (  # noqa: E402
     part_sequential,
     warm_up,
 )
-from bench.paths_rig import PATHS, LogTail, StoreProbe, base_config, open_path, tree_cpu  # noqa: E402
+from bench.paths_rig import PATHS, LogTail, StoreProbe, base_config, log_events, open_path, tree_cpu  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "paths.json"
 PARTS = ("cpu", "lone", "idle", "burst", "load")
@@ -123,6 +124,11 @@ async def measure_path(name: str, args: argparse.Namespace, llm: Any, http: aioh
             result["requests_dropped_by_botd"] = DROPPED.count - dropped
         finally:
             await store.close()
+            log_path = path.log_path
+    result["log_events"] = log_events(log_path)
+    if args.log_dir is not None:
+        args.log_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(log_path, args.log_dir / f"{name}.log")
     return result
 
 
@@ -168,10 +174,17 @@ def rows(report: dict[str, Any]) -> list[list[Any]]:
             name, seq.get("cpu_ms_per_message_p50", nan), seq.get("cpu_ms_per_message", nan),
             seq.get("store_commands_per_message", nan), seq.get("store_round_trips_per_message", nan),
             lone.get("p50_ms", nan), lone.get("p99_ms", nan), "; ".join(bursts) or "–",
-            f"{load['seconds']} s = {load['vs_ideal']}×" if load else "–",
+            load_cell(load),
             load.get("cpu_ms_per_message", nan), idle.get("cpu_ms_per_s_exact", nan), r.get("tree_rss_mib", nan),
         ])
     return out
+
+
+def load_cell(load: dict[str, Any]) -> str:
+    if not load:
+        return "–"
+    lost = load["missing"] + load.get("refused", 0)
+    return f"{load['seconds']} s = {load['vs_ideal']}×" + (f" ({lost} unanswered)" if lost else "")
 
 
 HEADERS = ("path", "CPU ms/msg p50", "CPU ms/msg total", "store cmds/msg", "round trips/msg", "lone p50 ms",
@@ -189,6 +202,9 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"{name}: lone = to LLM p50 {lone['to_llm']['p50_ms']} ms + from LLM p50 "
                   f"{lone['from_llm']['p50_ms']} ms; store by command per message: "
                   + ", ".join(f"{k} {v:g}" for k, v in list(r["sequential"]["store_commands_by_name"].items())[:8]))
+        trouble = {k: v for k, v in (r.get("log_events") or {}).items() if "(" in k or "failed" in k}
+        if trouble:
+            print(f"{name}: log events: {trouble}")
 
 
 def main() -> None:
@@ -216,6 +232,7 @@ def main() -> None:
     parser.add_argument("--max-concurrent-runs", type=int, default=2000, help="gateway.max_concurrent_runs")
     parser.add_argument("--debounce-ms", type=int, default=None, help="queue.debounce_ms (default: botd's own)")
     parser.add_argument("--reply-timeout", type=float, default=180.0, help="seconds to wait for one answer")
+    parser.add_argument("--log-dir", type=Path, default=None, help="keep each path's botd log here")
     parser.add_argument("--quick", action="store_true", help="small sizes (one path in well under a minute)")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args()

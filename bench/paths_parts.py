@@ -22,7 +22,7 @@ from bench.common import (
     seconds_summary,
     summary_ms,
 )
-from bench.paths_rig import MARK, LogTail, Path, StoreCounters, StoreProbe, TreeCPU, tree_cpu
+from bench.paths_rig import MARK, LogTail, Path, Refused, StoreCounters, StoreProbe, TreeCPU, tree_cpu
 from bench.replicas_fleet import mark_of
 
 SEQUENTIAL_CHATS = 10  # the sequential messages go round robin over this many chats
@@ -189,13 +189,19 @@ async def part_burst(b: Bench, chats: int, latency_ms: float) -> dict[str, Any]:
     runs = b.log.poll()
     start = await b.readings()
     began = time.monotonic()
-    await asyncio.gather(*(b.path.send(s, 1) for s in sessions))
+    sent = await asyncio.gather(*(b.path.send(s, 1) for s in sessions), return_exceptions=True)
+    refused = [mark_of(s, 1) for s, r in zip(sessions, sent, strict=True) if isinstance(r, Refused)]
+    if errors := [r for r in sent if isinstance(r, BaseException) and not isinstance(r, Refused)]:
+        raise errors[0]
+    for mark in refused:
+        futures.pop(mark).cancel()
     got = await b.answered(futures)
     await b.settle(runs + len(got))
     costs = await b.costs(start, chats)
     await b.set_latency(0)
     waits = [t - began for t in got.values()]
-    return {"chats": chats, "latency_ms": latency_ms, "answered": len(got), "missing": chats - len(got),
+    return {"chats": chats, "latency_ms": latency_ms, "answered": len(got), "refused": len(refused),
+            "missing": chats - len(got) - len(refused),
             "all_answered_s": round(max(waits), 3) if len(got) == chats else None,
             "answer_s": seconds_summary(waits), **costs}
 
@@ -207,13 +213,19 @@ async def part_load(b: Bench, sessions: int, messages: int, latency_ms: float) -
     chats = b.fresh(sessions)
     latencies: list[float] = []
     last = [0.0]
+    refused: list[str] = []
 
     async def chat(session: int) -> None:
         for number in range(1, messages + 1):
             mark = mark_of(session, number)
             fut = b.path.expect(mark)
             sent = time.monotonic()
-            await b.path.send(session, number)
+            try:
+                await b.path.send(session, number)
+            except Refused:
+                refused.append(mark)
+                fut.cancel()
+                return  # the rest of this chat is counted as missing
             got = await b.answered({mark: fut})
             if not got:
                 return  # the rest of this chat would wait on it: counted as missing
@@ -230,7 +242,8 @@ async def part_load(b: Bench, sessions: int, messages: int, latency_ms: float) -
     await b.set_latency(0)
     ideal = messages * latency_ms / 1000
     return {"sessions": sessions, "messages_per_session": messages, "latency_ms": latency_ms,
-            "answered": len(latencies), "missing": sessions * messages - len(latencies), "seconds": round(seconds, 2),
+            "answered": len(latencies), "refused": len(refused),
+            "missing": sessions * messages - len(latencies) - len(refused), "seconds": round(seconds, 2),
             "ideal_seconds": ideal, "vs_ideal": round(seconds / ideal, 2) if ideal else None,
             "messages_per_s": round(len(latencies) / seconds, 1) if seconds > 0 else None,
             "latency_s": seconds_summary(latencies), **costs}

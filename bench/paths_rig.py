@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import time
 from collections import Counter
@@ -114,6 +115,28 @@ class StoreProbe:
 
     async def close(self) -> None:
         await self.client.aclose()
+
+
+def log_events(path: FsPath, top: int = 20) -> dict[str, int]:
+    """The events of a botd JSON log other than ``run.finished``, by name (with the
+    level when it is a warning or worse), most frequent first."""
+    counts: Counter[str] = Counter()
+    with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
+        for line in f:
+            if RUN_FINISHED in line:
+                continue
+            try:
+                record = json.loads(line)
+            except ValueError:
+                counts["(not JSON)"] += 1
+                continue
+            level = record.get("level", "")
+            counts[f"{record.get('event')}" + (f" ({level})" if level not in ("info", "debug") else "")] += 1
+    return dict(counts.most_common(top))
+
+
+class Refused(RuntimeError):
+    """botd answered an inbound update with an HTTP error (e.g. 503 when it sheds load)."""
 
 
 class LogTail:
@@ -221,7 +244,7 @@ class TelegramPath(Path):
         self.handed[mark_in(text)] = time.monotonic()
         status = await post_telegram(self.http, self.url, update)
         if status != 200:
-            raise RuntimeError(f"{self.name}: botd answered {status} to a webhook update")
+            raise Refused(f"{self.name}: botd answered {status} to a webhook update")
 
 
 class SlackPath(Path):
@@ -242,7 +265,7 @@ class SlackPath(Path):
             return
         status = await post_slack(self.http, self.url, self.fake, body)
         if status != 200:
-            raise RuntimeError(f"{self.name}: botd answered {status} to an event")
+            raise Refused(f"{self.name}: botd answered {status} to an event")
 
 
 class ConsolePath(Path):
