@@ -100,7 +100,7 @@ async def measure_path(name: str, args: argparse.Namespace, llm: Any, http: aioh
         resp.raise_for_status()
     result: dict[str, Any] = {"path": name}
     dropped = DROPPED.count
-    async with open_path(name, workdir, config, sessions, http) as path:
+    async with open_path(name, workdir, config, sessions, http, args.redeliver_s) as path:
         store = StoreProbe(path.workspace)
         b = Bench(path, llm, http, store, LogTail(path.log_path), args.reply_timeout)
         try:
@@ -232,6 +232,8 @@ def main() -> None:
     parser.add_argument("--max-concurrent-runs", type=int, default=2000, help="gateway.max_concurrent_runs")
     parser.add_argument("--debounce-ms", type=int, default=None, help="queue.debounce_ms (default: botd's own)")
     parser.add_argument("--reply-timeout", type=float, default=180.0, help="seconds to wait for one answer")
+    parser.add_argument("--redeliver-s", type=float, default=1.0,
+                        help="Slack: seconds before an event botd refused is delivered again (Slack: minutes)")
     parser.add_argument("--log-dir", type=Path, default=None, help="keep each path's botd log here")
     parser.add_argument("--quick", action="store_true", help="small sizes (one path in well under a minute)")
     parser.add_argument("--output", type=Path, default=OUTPUT)

@@ -186,7 +186,7 @@ async def part_burst(b: Bench, chats: int, latency_ms: float) -> dict[str, Any]:
     await b.set_latency(latency_ms)
     sessions = b.fresh(chats)
     futures = {mark_of(s, 1): b.path.expect(mark_of(s, 1)) for s in sessions}
-    runs = b.log.poll()
+    runs, refusals = b.log.poll(), b.path.refusals
     start = await b.readings()
     began = time.monotonic()
     sent = await asyncio.gather(*(b.path.send(s, 1) for s in sessions), return_exceptions=True)
@@ -201,6 +201,7 @@ async def part_burst(b: Bench, chats: int, latency_ms: float) -> dict[str, Any]:
     await b.set_latency(0)
     waits = [t - began for t in got.values()]
     return {"chats": chats, "latency_ms": latency_ms, "answered": len(got), "refused": len(refused),
+            "redelivered": b.path.refusals - refusals,
             "missing": chats - len(got) - len(refused),
             "all_answered_s": round(max(waits), 3) if len(got) == chats else None,
             "answer_s": seconds_summary(waits), **costs}
@@ -232,7 +233,7 @@ async def part_load(b: Bench, sessions: int, messages: int, latency_ms: float) -
             latencies.append(got[mark] - sent)
             last[0] = max(last[0], got[mark])
 
-    runs = b.log.poll()
+    runs, refusals = b.log.poll(), b.path.refusals
     start = await b.readings()
     began = time.monotonic()
     await asyncio.gather(*(chat(s) for s in chats))
@@ -242,7 +243,7 @@ async def part_load(b: Bench, sessions: int, messages: int, latency_ms: float) -
     await b.set_latency(0)
     ideal = messages * latency_ms / 1000
     return {"sessions": sessions, "messages_per_session": messages, "latency_ms": latency_ms,
-            "answered": len(latencies), "refused": len(refused),
+            "answered": len(latencies), "refused": len(refused), "redelivered": b.path.refusals - refusals,
             "missing": sessions * messages - len(latencies) - len(refused), "seconds": round(seconds, 2),
             "ideal_seconds": ideal, "vs_ideal": round(seconds / ideal, 2) if ideal else None,
             "messages_per_s": round(len(latencies) / seconds, 1) if seconds > 0 else None,

@@ -34,11 +34,11 @@ from tests.e2e.chat_rig import (
     EVENTS_PATH,
     WEBHOOK_PATH,
     WEBHOOK_SECRET,
-    post_slack,
     post_telegram,
     slack_dm_body,
     telegram_dm_update,
 )
+from tests.fakes.slack_server import signed_json
 from tests.fakes.telegram_server import FakeTelegram
 
 PATHS = ("telegram-polling", "telegram-webhook", "slack-socket", "slack-http", "console")
@@ -177,6 +177,7 @@ class Path:
     def __init__(self, name: str, workspace: FsPath, log_path: FsPath, pid: int) -> None:
         self.name, self.workspace, self.log_path, self.pid = name, workspace, log_path, pid
         self.handed: dict[str, float] = {}
+        self.refusals = 0  # deliveries botd refused (and that were made again)
 
     def handed_at(self, mark: str) -> float | None:
         """When the message with ``mark`` was handed to botd (None: not yet, or unknown)."""
@@ -248,10 +249,18 @@ class TelegramPath(Path):
 
 
 class SlackPath(Path):
+    """Slack delivers an event again when the app refuses it (HTTP: an error status;
+    Socket Mode: no ack within 3 s), with the attempt number, up to three retries. botd
+    refuses on purpose when it sheds load, so the driver does the same, sooner than
+    Slack's minutes (``redeliver_s``), and counts the refusals."""
+
+    ACK_DEADLINE_S = 3.0
+    RETRIES = 3
+
     def __init__(self, name: str, workspace: FsPath, log_path: FsPath, pid: int, fake: WatchedSlack,
-                 url: str, http: aiohttp.ClientSession) -> None:
+                 url: str, http: aiohttp.ClientSession, redeliver_s: float) -> None:
         super().__init__(name, workspace, log_path, pid)
-        self.fake, self.url, self.http = fake, url, http
+        self.fake, self.url, self.http, self.redeliver_s = fake, url, http, redeliver_s
 
     def expect(self, mark: str) -> asyncio.Future[float]:
         return self.fake.expect(mark)
@@ -260,12 +269,29 @@ class SlackPath(Path):
         text = message_text(session, message)
         body = slack_dm_body(self.fake, user_of(session), text)
         self.handed[mark_in(text)] = time.monotonic()
+        for attempt in range(self.RETRIES + 1):
+            if attempt:
+                self.refusals += 1
+                await asyncio.sleep(self.redeliver_s)
+            if await self._deliver(body, attempt):
+                return
+        raise Refused(f"{self.name}: botd refused an event {self.RETRIES + 1} times")
+
+    async def _deliver(self, body: dict[str, Any], attempt: int) -> bool:
         if self.name == "slack-socket":
-            await self.fake.send_envelope("events_api", body)
-            return
-        status = await post_slack(self.http, self.url, self.fake, body)
-        if status != 200:
-            raise Refused(f"{self.name}: botd answered {status} to an event")
+            envelope = await self.fake.send_envelope("events_api", body, retry_attempt=attempt)
+            deadline = time.monotonic() + self.ACK_DEADLINE_S
+            while envelope not in self.fake.acks:
+                if time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(0.02)
+            return True
+        raw, headers = signed_json(body, self.fake.signing_secret)
+        if attempt:
+            headers |= {"X-Slack-Retry-Num": str(attempt), "X-Slack-Retry-Reason": "http_error"}
+        async with self.http.post(self.url + EVENTS_PATH, data=raw, headers=headers) as resp:
+            await resp.read()
+            return resp.status == 200
 
 
 class ConsolePath(Path):
@@ -340,7 +366,7 @@ def base_config(workspace: FsPath, llm: FakeLLM, max_concurrent_runs: int, debou
 
 @contextlib.asynccontextmanager
 async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions: int,
-                    http: aiohttp.ClientSession) -> AsyncIterator[Path]:
+                    http: aiohttp.ClientSession, redeliver_s: float = 1.0) -> AsyncIterator[Path]:
     """``name``'s fake platform here and botd in its own process, ready for messages;
     ``sessions`` is how many session numbers (from 1) the allowlist must let in."""
     workspace = FsPath(config["agent"]["workspace"])
@@ -383,7 +409,8 @@ async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions
                 if name.startswith("telegram"):
                     yield TelegramPath(name, workspace, botd.log_path, botd.proc.pid, tg, botd.url, http)
                 else:
-                    yield SlackPath(name, workspace, botd.log_path, botd.proc.pid, slack, botd.url, http)
+                    yield SlackPath(name, workspace, botd.log_path, botd.proc.pid, slack, botd.url, http,
+                                    redeliver_s)
             finally:
                 # SIGTERM, also when interrupted: botd stops its Valkey (a SIGKILL would orphan it).
                 code = await botd.terminate(60)
