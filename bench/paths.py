@@ -89,7 +89,8 @@ DROPPED = DroppedRequests()
 
 
 async def measure_path(name: str, args: argparse.Namespace, llm: Any, http: aiohttp.ClientSession,
-                       tmp: Path) -> dict[str, Any]:
+                       tmp: Path, result: dict[str, Any]) -> None:
+    """Fills ``result`` part by part, so what was measured survives a later failure."""
     parts = set(args.parts)
     console = name == "console"
     sessions = WARMUP_CHATS + SEQUENTIAL_CHATS + args.burst * len(args.burst_latency_ms) + args.sessions
@@ -98,7 +99,6 @@ async def measure_path(name: str, args: argparse.Namespace, llm: Any, http: aioh
     config = base_config(workdir / "ws", llm, args.max_concurrent_runs, args.debounce_ms)
     async with http.post(f"{llm.root}/_fake/reset") as resp:
         resp.raise_for_status()
-    result: dict[str, Any] = {"path": name}
     dropped = DROPPED.count
     async with open_path(name, workdir, config, sessions, http, args.redeliver_s) as path:
         store = StoreProbe(path.workspace)
@@ -129,7 +129,6 @@ async def measure_path(name: str, args: argparse.Namespace, llm: Any, http: aioh
     if args.log_dir is not None:
         args.log_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log_path, args.log_dir / f"{name}.log")
-    return result
 
 
 def show(name: str, part: str, r: dict[str, Any]) -> None:
@@ -149,10 +148,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             for name in args.paths:
                 print(f"== {name}", flush=True)
                 try:
-                    report["paths"][name] = await measure_path(name, args, llm, http, tmp)
+                    report["paths"][name] = {"path": name}
+                    await measure_path(name, args, llm, http, tmp, report["paths"][name])
                 except Exception as exc:  # one broken path must not hide the others' figures
                     print(f"{name}: FAILED: {exc!r}", file=sys.stderr, flush=True)
-                    report["paths"][name] = {"path": name, "error": repr(exc)}
+                    report["paths"][name]["error"] = repr(exc)[:2000]
     return report
 
 
@@ -163,9 +163,11 @@ def rows(report: dict[str, Any]) -> list[list[Any]]:
     nan = float("nan")
     out = []
     for name, r in report["paths"].items():
-        if "error" in r:
+        if "error" in r and not set(r) - {"path", "error"}:
             out.append([name, "failed: " + r["error"][:60]])
             continue
+        if "error" in r:
+            name += " (then failed)"
         seq, idle, load = r.get("sequential") or {}, r.get("idle") or {}, r.get("load") or {}
         lone = seq.get("lone", {}).get("total", {})
         bursts = [f"{x['latency_ms']:g}: {x['all_answered_s'] if x['all_answered_s'] is not None else 'missing'}"
