@@ -65,7 +65,8 @@ from bench.paths_parts import (  # noqa: E402
     part_sequential,
     warm_up,
 )
-from bench.paths_rig import PATHS, LogTail, StoreProbe, base_config, log_events, open_path, tree_cpu  # noqa: E402
+from bench.paths_probes import LogTail, StoreProbe, log_events, tree_cpu  # noqa: E402
+from bench.paths_rig import PATHS, base_config, open_path  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "paths.json"
 PARTS = ("cpu", "lone", "idle", "burst", "load")

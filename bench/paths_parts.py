@@ -22,8 +22,9 @@ from bench.common import (
     seconds_summary,
     summary_ms,
 )
-from bench.paths_rig import MARK, LogTail, Path, Refused, StoreCounters, StoreProbe, TreeCPU, tree_cpu
-from bench.replicas_fleet import mark_of
+from bench.paths_probes import LogTail, StoreCounters, StoreProbe, TreeCPU, tree_cpu
+from bench.paths_rig import Path, Refused
+from bench.replicas_fleet import MARK, mark_of
 
 SEQUENTIAL_CHATS = 10  # the sequential messages go round robin over this many chats
 

@@ -1,6 +1,6 @@
 """The rig of ``bench/paths.py``: one real botd process per path, the fake platform that
-feeds it (in this process), and what is read from the outside — the CPU of the botd
-process tree from /proc, the embedded Valkey's counters, the daemon's log.
+feeds it (in this process), and how each path hands botd a message and sees its answer
+(what is read from outside botd is in ``bench/paths_probes.py``).
 
 Every path has the same face (:class:`Path`): ``send(session, message)`` hands one
 message to botd the way that platform does and records when it did (``handed``), and
@@ -13,22 +13,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import time
-from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path as FsPath
 from typing import Any
 
 import aiohttp
-import psutil
-import redis.asyncio as aioredis
 
 from bench.common import FakeLLM
 from bench.replicas_fleet import MARK, MarkWatch, WatchedSlack, message_text, user_of, wait_ready
-from bot.store.embedded import EmbeddedPaths
+from bot.store.embedded import EmbeddedPaths, send_shutdown
 from tests.e2e.botd_process import BOTD, botd_run, clean_env, free_port, write_config
 from tests.e2e.chat_rig import (
     EVENTS_PATH,
@@ -44,130 +38,13 @@ from tests.fakes.telegram_server import FakeTelegram
 PATHS = ("telegram-polling", "telegram-webhook", "slack-socket", "slack-http", "console")
 TELEGRAM_TOKEN = "123456:BENCH-token-for-fake"
 TELEGRAM_USER_BASE = 700_000  # a session's Telegram user (and private chat) id is this + its number
-RUN_FINISHED = b'"run.finished"'
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-# ---- what is read from the outside ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TreeCPU:
-    """CPU of a process tree at one moment. ``ticks_s``: utime+stime (+cutime+cstime, the
-    reaped children) of every process from /proc/<pid>/stat, in 1/CLK_TCK steps (10 ms),
-    good for totals; ``exact_s``: the scheduler's nanosecond run time of every live
-    thread (/proc/<pid>/task/*/schedstat), fine enough for one message."""
-
-    ticks_s: float
-    exact_s: float
-    rss: int
-
-
-def tree_pids(root: int) -> list[int]:
-    try:
-        return [root, *(c.pid for c in psutil.Process(root).children(recursive=True))]
-    except psutil.Error:
-        return []
-
-
-def tree_cpu(root: int) -> TreeCPU:
-    ticks = exact = 0.0
-    rss = 0
-    for pid in tree_pids(root):
-        with contextlib.suppress(OSError, ValueError, IndexError):
-            stat = FsPath(f"/proc/{pid}/stat").read_text()
-            fields = stat[stat.rindex(")") + 2 :].split()
-            ticks += sum(int(v) for v in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
-            rss += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
-            for task in os.scandir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError, ValueError):
-                    exact += int(FsPath(task.path, "schedstat").read_text().split()[0]) / 1e9
-    return TreeCPU(ticks, exact, rss)
-
-
-@dataclass(frozen=True)
-class StoreCounters:
-    commands: Counter[str]  # calls per command (INFO commandstats), INFO itself left out
-    reads: int  # read events Valkey processed (total_reads_processed): one per request batch
-
-
-class StoreProbe:
-    """A client of the workspace's embedded Valkey (socket and password under
-    ``<workspace>/.botd``), reading its counters. Each ``counters()`` is one INFO, whose
-    own read is taken out of the deltas."""
-
-    def __init__(self, workspace: FsPath) -> None:
-        paths = EmbeddedPaths.for_workspace(workspace)
-        self.client = aioredis.Redis(unix_socket_path=str(paths.socket),
-                                     password=paths.password.read_text().strip())
-
-    async def counters(self) -> StoreCounters:
-        info = await self.client.info("all")
-        commands = Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()
-                            if k.startswith("cmdstat_") and k != "cmdstat_info"})
-        return StoreCounters(commands, int(info["total_reads_processed"]))
-
-    @staticmethod
-    def delta(before: StoreCounters, after: StoreCounters) -> tuple[int, int, Counter[str]]:
-        """(commands, round trips, commands by name) between two readings."""
-        by_name = after.commands - before.commands
-        return sum(by_name.values()), after.reads - before.reads - 1, by_name
-
-    async def close(self) -> None:
-        await self.client.aclose()
-
-
-def log_events(path: FsPath, top: int = 20) -> dict[str, int]:
-    """The events of a botd JSON log other than ``run.finished``, by name (with the
-    level when it is a warning or worse), most frequent first."""
-    counts: Counter[str] = Counter()
-    with contextlib.suppress(FileNotFoundError), path.open("rb") as f:
-        for line in f:
-            if RUN_FINISHED in line:
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                counts["(not JSON)"] += 1
-                continue
-            level = record.get("level", "")
-            counts[f"{record.get('event')}" + (f" ({level})" if level not in ("info", "debug") else "")] += 1
-    return dict(counts.most_common(top))
+# ---- the paths -------------------------------------------------------------------------
 
 
 class Refused(RuntimeError):
     """botd answered an inbound update with an HTTP error (e.g. 503 when it sheds load)."""
-
-
-class LogTail:
-    """Counts ``run.finished`` events in a botd JSON log as it grows."""
-
-    def __init__(self, path: FsPath) -> None:
-        self.path = path
-        self._offset = 0
-        self._tail = b""
-        self.runs = 0
-
-    def poll(self) -> int:
-        with contextlib.suppress(FileNotFoundError), self.path.open("rb") as f:
-            f.seek(self._offset)
-            data = f.read()
-            self._offset += len(data)
-            lines = (self._tail + data).split(b"\n")
-            self._tail = lines.pop()
-            self.runs += sum(1 for line in lines if RUN_FINISHED in line)
-        return self.runs
-
-    async def wait_runs(self, count: int, timeout_s: float) -> bool:
-        deadline = time.monotonic() + timeout_s
-        while self.poll() < count:
-            if time.monotonic() > deadline:
-                return False
-            await asyncio.sleep(0.005)
-        return True
-
-
-# ---- the paths -------------------------------------------------------------------------
 
 
 class Path:
@@ -343,6 +220,7 @@ class ConsolePath(Path):
         except TimeoutError:
             self.proc.kill()
             await self.proc.wait()
+            await asyncio.to_thread(stop_orphaned_store, self.workspace)
         self._reader.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._reader
@@ -412,10 +290,22 @@ async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions
                     yield SlackPath(name, workspace, botd.log_path, botd.proc.pid, slack, botd.url, http,
                                     redeliver_s)
             finally:
-                # SIGTERM, also when interrupted: botd stops its Valkey (a SIGKILL would orphan it).
-                code = await botd.terminate(60)
+                # SIGTERM, also when interrupted: botd stops its Valkey. When botd has to be
+                # killed instead, its Valkey would live on: stop it as botd would have.
+                try:
+                    code = await botd.terminate(60)
+                except AssertionError:
+                    await asyncio.to_thread(stop_orphaned_store, workspace)
+                    raise
             if code != 0:
                 raise RuntimeError(f"botd exited with {code} on SIGTERM:\n{botd.log()[-3000:]}")
+
+
+def stop_orphaned_store(workspace: FsPath) -> None:
+    """Shut down the embedded Valkey of a workspace whose botd was killed."""
+    paths = EmbeddedPaths.for_workspace(workspace)
+    with contextlib.suppress(OSError):
+        send_shutdown(paths.socket, paths.password.read_text().strip())
 
 
 @contextlib.asynccontextmanager
