@@ -39,28 +39,37 @@ def message_text(session: int, message: int) -> str:
     return f"ss{session:05d} message {message} please confirm {mark_of(session, message)}"
 
 
-class WatchedSlack(FakeSlack):
-    """The fake Slack, resolving a future when a bot message first holds a marker
-    (``chat.postMessage`` or ``chat.update``: a preview that already shows the whole
-    answer counts, since that is when the user sees it)."""
+class MarkWatch:
+    """Resolves a future with ``time.monotonic()`` when a bot message first holds a
+    marker (a preview that already shows the whole answer counts, since that is when
+    the user sees it). Mixed into a fake platform, whose send and edit methods call
+    ``seen``. CLOCK_MONOTONIC is system-wide, so the times compare across processes."""
 
-    def __init__(self, **kw: Any) -> None:
-        super().__init__(**kw)
-        self.waiting: dict[str, asyncio.Future[float]] = {}
+    waiting: dict[str, asyncio.Future[float]]
 
     def expect(self, mark: str) -> asyncio.Future[float]:
         fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
         self.waiting[mark] = fut
         return fut
 
-    def _seen(self, args: dict[str, Any], result: dict[str, Any]) -> None:
-        if not result.get("ok"):
-            return
-        now = time.perf_counter()
-        for mark in MARK.findall(str(args.get("text") or "")):
+    def seen(self, text: str) -> None:
+        now = time.monotonic()
+        for mark in MARK.findall(text):
             fut = self.waiting.pop(mark, None)
             if fut is not None and not fut.done():
                 fut.set_result(now)
+
+
+class WatchedSlack(MarkWatch, FakeSlack):
+    """The fake Slack, watching ``chat.postMessage`` and ``chat.update`` for markers."""
+
+    def __init__(self, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.waiting = {}
+
+    def _seen(self, args: dict[str, Any], result: dict[str, Any]) -> None:
+        if result.get("ok"):
+            self.seen(str(args.get("text") or ""))
 
     def _m_chat_postMessage(self, args: dict[str, Any]) -> dict[str, Any]:
         result = super()._m_chat_postMessage(args)

@@ -38,7 +38,7 @@ BEGIN, END = "<!-- run_all:begin -->", "<!-- run_all:end -->"
 
 # Known scripts, in the order they run; any other bench/*.py runs after them. A module
 # without a ``__main__`` block (the parts a script imports) is not a benchmark.
-ORDER = ("loop_overhead", "text_throughput", "store_ops", "gateway", "telegram", "slack")
+ORDER = ("loop_overhead", "text_throughput", "store_ops", "gateway", "telegram", "slack", "paths")
 NOT_BENCHMARKS = {"common", "run_all", "__init__"}
 QUICK_ARGS: dict[str, list[str]] = {
     "loop_overhead": ["--turns", "100", "--warmup", "10"],
@@ -47,6 +47,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "gateway": ["--quick"],
     "slack": ["--events", "100", "--burst", "50", "--replies", "50"],
     "attachments": ["--samples", "5"],
+    "paths": ["--quick"],
 }
 
 
@@ -211,6 +212,41 @@ def _replicas(r: dict[str, Any]) -> str:
     )
 
 
+def _paths_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
+    """One row per path: the whole daemon measured from outside (bench/paths.py)."""
+    out = []
+    for name, p in r["paths"].items():
+        if "error" in p and not set(p) - {"path", "error"}:
+            out.append((name, f"failed: {p['error'][:200]}"))
+            continue
+        parts = []
+        if "sequential" in p:
+            s = p["sequential"]
+            lone = s["lone"]["total"]
+            parts.append(f"CPU {_fmt(s['cpu_ms_per_message_p50'])} ms/msg p50, "
+                         f"{_fmt(s['store_commands_per_message'], 1)} store cmds "
+                         f"({_fmt(s['store_round_trips_per_message'], 1)} round trips)/msg, "
+                         f"lone p50/p99 {_fmt(lone['p50_ms'], 1)}/{_fmt(lone['p99_ms'], 1)} ms")
+        for b in p.get("burst", []):
+            parts.append(f"{b['chats']} at {b['latency_ms']:g} ms: all in {b['all_answered_s']} s")
+        if "load" in p:
+            lo = p["load"]
+            parts.append(f"{lo['sessions']}×{lo['messages_per_session']} at {lo['latency_ms']:g} ms: "
+                         f"{lo['seconds']} s = {lo['vs_ideal']}× ideal")
+        if "idle" in p:
+            parts.append(f"idle {_fmt(p['idle']['cpu_ms_per_s_exact'])} ms/s")
+        if "tree_rss_mib" in p:
+            parts.append(f"RSS {p['tree_rss_mib']} MiB")
+        out.append((name, "; ".join(parts)))
+    return out
+
+
+# Benchmarks whose summary is one row per sub-case (label, headline).
+ROW_SUMMARIZERS: dict[str, Callable[[dict[str, Any]], list[tuple[str, str]]]] = {
+    "paths": _paths_rows,
+}
+
+
 SUMMARIZERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "loop_overhead": _loop_overhead,
     "text_throughput": _text_throughput,
@@ -249,6 +285,16 @@ def headline(name: str, result: dict[str, Any] | None) -> str:
     return text.replace("|", "/")
 
 
+def headlines(name: str, result: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """(row label, headline) for the summary: one row, or one per sub-case."""
+    if result is not None and name in ROW_SUMMARIZERS:
+        try:
+            return [(f"{name}: {label}", text.replace("|", "/")) for label, text in ROW_SUMMARIZERS[name](result)]
+        except (KeyError, TypeError, ValueError, IndexError):
+            pass
+    return [(name, headline(name, result))]
+
+
 def summary_markdown(results: dict[str, Any]) -> str:
     lines = [
         BEGIN,
@@ -263,8 +309,8 @@ def summary_markdown(results: dict[str, Any]) -> str:
     ]
     for name, entry in results["benchmarks"].items():
         seconds = "–" if entry["seconds"] is None else entry["seconds"]
-        lines.append(f"| {name} | `{entry['command']}` | {entry['status']} | {seconds} | "
-                     f"{headline(name, entry.get('result'))} |")
+        for label, text in headlines(name, entry.get("result")):
+            lines.append(f"| {label} | `{entry['command']}` | {entry['status']} | {seconds} | {text} |")
     lines.append(END)
     return "\n".join(lines)
 
@@ -318,8 +364,8 @@ def main() -> None:
                 results["benchmarks"][script.stem] = earlier
     write_json(RESULTS, results)
 
-    rows = [(name, e["status"], e["seconds"], headline(name, e.get("result")))
-            for name, e in results["benchmarks"].items()]
+    rows = [(label, e["status"], e["seconds"], text)
+            for name, e in results["benchmarks"].items() for label, text in headlines(name, e.get("result"))]
     print()
     for name, status, seconds, text in rows:
         print(f"{name:<16} {status:<12} {'–' if seconds is None else seconds:>7} s  {text}")

@@ -60,6 +60,7 @@ Reply kinds (all are ``Reply`` instances; keyword arguments combine freely):
   ``latency_s`` (before the first byte) and ``chunk_delay_s`` (between chunks).
 
 Recording: ``fake.requests`` (every request body, in order), ``fake.request_headers``,
+``fake.timings`` (arrival and last-byte times, see ``/_fake/timings``),
 ``fake.disconnects`` (an ``EventCounter``: ``.count`` and ``await .wait(n)``; counts
 clients that hung up before the reply was complete), ``await fake.wait_for_requests(n)``,
 ``fake.image_urls(i)`` (the image parts of a request).
@@ -70,6 +71,11 @@ HTTP control API (for subprocess tests and bench scripts):
   a JSON object of ``Reply`` fields, e.g. ``{"text": "hi"}``,
   ``{"tool_calls": [{"name": "add", "arguments": {"a": 1}}]}``, ``{"status": 500}``.
 * ``GET /_fake/requests`` — ``{"requests": […], "disconnects": n, "pending": k}``.
+* ``GET /_fake/timings?since=N`` — ``{"timings": [{"index", "arrived", "last_byte",
+  "last_user"}, …]}`` for the requests from index N on: ``time.monotonic()`` when each
+  request arrived and when the last byte of its streamed answer was written (null for
+  any other answer), and the start of its last user message. CLOCK_MONOTONIC is
+  system-wide on Linux, so a benchmark in another process compares them with its own.
 * ``POST /_fake/reset`` — clears the script, the recordings and the counters.
 * ``POST /_fake/config`` — ``{"latency_ms": 200, "chunk_delay_ms": 5}``.
 
@@ -87,15 +93,17 @@ import inspect
 import json
 import math
 import signal
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from aiohttp import web
 
 from tests.fakes.openai_wire import Call, Reply, completion_body, stream_chunks
 
-__all__ = ["Call", "EventCounter", "FakeOpenAI", "Reply", "echo_last_user", "main"]
+__all__ = ["Call", "EventCounter", "FakeOpenAI", "Reply", "RequestTiming", "echo_last_user", "main"]
 
 Responder = Callable[[dict[str, Any]], "Reply | Awaitable[Reply]"]
 
@@ -135,10 +143,25 @@ class EventCounter:
 
 def echo_last_user(body: dict[str, Any]) -> Reply:
     """The default responder: answer with the text of the last user message."""
+    return Reply.text(last_user_text_of(body))
+
+
+@dataclass
+class RequestTiming:
+    """When a chat request arrived and when its streamed answer's last byte was written
+    (``time.monotonic()``; ``last_byte`` None until then, or for an answer cut short)."""
+
+    index: int
+    arrived: float
+    last_user: str
+    last_byte: float | None = None
+
+
+def last_user_text_of(body: dict[str, Any]) -> str:
     for message in reversed(body.get("messages") or []):
         if isinstance(message, dict) and message.get("role") == "user":
-            return Reply.text(_text_of(message.get("content")))
-    return Reply.text("")
+            return _text_of(message.get("content"))
+    return ""
 
 
 def image_urls(body: dict[str, Any]) -> list[str]:
@@ -189,6 +212,7 @@ class FakeOpenAI:
         self.serve_models = serve_models
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
+        self.timings: list[RequestTiming] = []
         self.disconnects = EventCounter()
         self._received = EventCounter()
         self._script: deque[Reply] = deque()
@@ -202,6 +226,7 @@ class FakeOpenAI:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/_fake/script", self._control_script)
         app.router.add_get("/_fake/requests", self._control_requests)
+        app.router.add_get("/_fake/timings", self._control_timings)
         app.router.add_post("/_fake/reset", self._control_reset)
         app.router.add_post("/_fake/config", self._control_config)
         self._runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -247,6 +272,7 @@ class FakeOpenAI:
         self._script.clear()
         self.requests.clear()
         self.request_headers.clear()
+        self.timings.clear()
         self.disconnects.reset()
         self._received.reset()
 
@@ -265,6 +291,7 @@ class FakeOpenAI:
         return None
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        arrived = time.monotonic()
         denied = self._unauthorized(request)
         if denied is not None:
             return denied
@@ -276,11 +303,16 @@ class FakeOpenAI:
             return _error_response(Reply.error(400, message="'messages' is a required property"))
         self.requests.append(body)
         self.request_headers.append(dict(request.headers))
+        timing = RequestTiming(len(self.requests) - 1, arrived, last_user_text_of(body)[:200])
+        self.timings.append(timing)
         self._received.increment()
         reply = self._script.popleft() if self._script else await self._respond(body)
-        state = {"done": False}
+        state = {"done": False, "streamed": False}
         try:
-            return await self._answer(request, body, reply, state)
+            response = await self._answer(request, body, reply, state)
+            if state["streamed"]:
+                timing.last_byte = time.monotonic()
+            return response
         except _ClientGone:
             self._count_disconnect(state)
             return web.Response(status=499)
@@ -359,6 +391,7 @@ class FakeOpenAI:
         state["done"] = True
         with contextlib.suppress(ConnectionError):
             await resp.write_eof()
+            state["streamed"] = True
         return resp
 
     async def _models(self, request: web.Request) -> web.Response:
@@ -386,6 +419,13 @@ class FakeOpenAI:
         return web.json_response(
             {"requests": self.requests, "disconnects": self.disconnects.count, "pending": self.pending}
         )
+
+    async def _control_timings(self, request: web.Request) -> web.Response:
+        try:
+            since = max(0, int(request.query.get("since", "0")))
+        except ValueError:
+            return web.json_response({"error": "since must be an integer"}, status=400)
+        return web.json_response({"timings": [asdict(t) for t in self.timings[since:]]})
 
     async def _control_reset(self, request: web.Request) -> web.Response:
         self.reset()

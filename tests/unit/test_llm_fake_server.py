@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 
 import aiohttp
@@ -268,3 +269,33 @@ async def test_control_api_accepts_the_new_fields(fake: FakeOpenAI) -> None:
             assert resp.status == 200 and (await resp.json())["pending"] == 3
         async with http.post(f"{fake.url}/_fake/script", json=[{"cut_after": "two"}]) as resp:
             assert resp.status == 400 and "cut_after" in (await resp.json())["error"]
+
+
+async def test_timings_record_arrival_and_last_byte_of_streamed_answers(fake: FakeOpenAI) -> None:
+    fake.script(Reply.text("one", chunk_delay_s=0.05), Reply.error(500), Reply.disconnect(after_chunks=1))
+    before = time.monotonic()
+    payloads = await raw_stream(fake, {"messages": [{"role": "user", "content": "first mk1"}], "stream": True})
+    assert payloads[-1] == "[DONE]"
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{fake.base_url}/chat/completions",
+                             json={"messages": [{"role": "user", "content": "second"}], "stream": True}) as resp:
+            assert resp.status == 500
+        with pytest.raises(aiohttp.ClientError):
+            async with http.post(f"{fake.base_url}/chat/completions",
+                                 json={"messages": [{"role": "user", "content": "third"}], "stream": True}) as resp:
+                await resp.read()
+        async with http.get(f"{fake.url}/_fake/timings", params={"since": "1"}) as resp:
+            later = (await resp.json())["timings"]
+        async with http.get(f"{fake.url}/_fake/timings") as resp:
+            timings = (await resp.json())["timings"]
+        async with http.get(f"{fake.url}/_fake/timings", params={"since": "x"}) as resp:
+            assert resp.status == 400
+    first = timings[0]
+    assert first["index"] == 0 and first["last_user"] == "first mk1"
+    # The answer is streamed over several chunks 50 ms apart: its last byte comes well after arrival.
+    assert before <= first["arrived"] < first["last_byte"] <= time.monotonic()
+    assert first["last_byte"] - first["arrived"] >= 0.05
+    # An error answer and a dropped stream have no last byte of an answer.
+    assert [(t["index"], t["last_user"], t["last_byte"]) for t in later] == [(1, "second", None), (2, "third", None)]
+    fake.reset()
+    assert fake.timings == []
