@@ -219,8 +219,12 @@ async def open_redis(
         client=client, prefix=cfg.prefix, url=shown, embedded=server is not None, keys=keys, _server=server
     )
     try:
+        await _refuse_without_password(url, shown, open_timeout_s)
         async with asyncio.timeout(open_timeout_s):
             await client.ping()
+    except StoreUnavailable:
+        await handle.close()
+        raise
     except TimeoutError:  # before OSError, of which it is a subclass
         await handle.close()
         raise StoreUnavailable(
@@ -234,6 +238,30 @@ async def open_redis(
         raise
     log.info("store.opened", url=shown, embedded=handle.embedded, started=handle.started_server)
     return handle
+
+
+_AUTH_REPLIES = ("authentication required", "noauth", "wrongpass", "invalid username-password", "invalid password")
+
+
+async def _refuse_without_password(url: str, shown: str, timeout_s: float) -> None:
+    """One PING without retries: the client retries connection errors, and Redis answers a
+    missing or wrong password with one, so a password problem would otherwise be retried
+    until the open timeout and reported as a server that does not answer. A server that
+    does not answer raises TimeoutError; other errors are left to the retried PING."""
+    probe = create_client(url, retry=Retry(ExponentialBackoff(), 0), retry_on_error=[], max_connections=1)
+    try:
+        async with asyncio.timeout(timeout_s):
+            await probe.ping()
+    except TimeoutError:
+        raise
+    except (RedisError, OSError) as exc:
+        if any(reply in str(exc).lower() for reply in _AUTH_REPLIES):
+            raise StoreUnavailable(
+                f"Redis at {shown} refused the password ({_describe(exc)}): put the server's password "
+                "in redis.url (redis://:PASSWORD@host:6379/0) or REDIS_URL", url=shown,
+            ) from None
+    finally:
+        await probe.aclose()
 
 
 def _describe(exc: BaseException) -> str:

@@ -370,3 +370,16 @@ async def test_waiters_are_served_in_order_and_a_cancelled_one_leaves_no_trace(r
     # Nothing is left waiting: a fresh command finds the free connection at once.
     await asyncio.wait_for(pool.release(await pool.get_connection()), 1)
     await pool.aclose()
+
+
+async def test_a_missing_or_wrong_password_is_named_at_once(tmp_path: Path) -> None:
+    server = EmbeddedValkey(_workspace(tmp_path))  # the embedded server requires its password
+    server.join()
+    try:
+        for url in (f"unix://{server.paths.socket}", f"unix://:not-it@{server.paths.socket}"):
+            # Named as a password problem, not retried into "did not answer within 10 s".
+            with pytest.raises(StoreUnavailable, match="refused the password") as info:
+                await open_redis(RedisConfig(url=url), tmp_path)
+            assert "redis.url" in str(info.value) and "not-it" not in str(info.value)
+    finally:
+        server.leave()
