@@ -79,7 +79,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         redis = await open_redis(RedisConfig(url=redis_url, prefix="benchrep"), tmp / "valkey-ws")
         try:
             server = redis._server  # the embedded server's membership (None with a URL)
-            url = redis_url or (server.url if server is not None else "")
+            url = redis_url or (server.client_url if server is not None else "")
             valkey_pid = server._process.pid if server is not None and server._process is not None else None
             async with fake_llm_subprocess(args.latency_ms) as llm, aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=60)
