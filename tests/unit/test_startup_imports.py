@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from bot.app import check_config
-from bot.cli import main
 from bot.config import BotdConfig, ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,8 +46,7 @@ def test_an_enabled_channel_imports_its_own_sdk_only() -> None:
     assert not loaded & {"slack_bolt", "slack_sdk", "PIL", "mcp"}
 
 
-def test_vision_checks_pillow_at_start_up(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_vision_checks_pillow_at_start_up(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     cfg = BotdConfig(llm={"base_url": "http://127.0.0.1:9/v1", "vision": True})
     check_config(cfg)  # Pillow is installed: fine
     monkeypatch.setitem(sys.modules, "PIL", None)  # as if it were not
@@ -58,7 +56,10 @@ def test_vision_checks_pillow_at_start_up(monkeypatch: pytest.MonkeyPatch, tmp_p
     check_config(BotdConfig(llm={"base_url": "http://127.0.0.1:9/v1", "vision": False}))  # not needed: no error
     path = tmp_path / "botd.yaml"
     path.write_text(f"agent: {{workspace: {tmp_path / 'ws'}}}\nllm: {{base_url: 'http://127.0.0.1:9/v1', vision: true}}\n")
-    assert main(["run", "--config", str(path)]) == 2
-    err = capsys.readouterr().err
-    assert "llm.vision" in err and "pip install pillow" in err and "Traceback" not in err
+    # `botd run` in its own interpreter (it configures logging for the process) without Pillow.
+    script = "import sys; sys.modules['PIL'] = None; from bot.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run([sys.executable, "-c", script, "run", "--config", str(path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "llm.vision" in proc.stderr and "pip install pillow" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "ws").exists()  # refused before anything started
