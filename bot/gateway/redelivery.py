@@ -144,6 +144,7 @@ class Redelivery:
 
     async def _loop(self) -> None:
         while True:
+            self._deferred.clear()  # before the read: a part deferred during it ends the wait below
             try:
                 await self.run_due()
             except asyncio.CancelledError:
@@ -154,7 +155,6 @@ class Redelivery:
             if not self._queue_empty:
                 await asyncio.sleep(self.poll_s)
                 continue
-            self._deferred.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._deferred.wait(), self.quiet_poll_s)
 
