@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 import structlog
 from pydantic import TypeAdapter
 
+from agent.tasks import stop_task
 from agent.types import ChatRef
 from bot import metrics
 from bot.gateway.reply import DeliveryLedger, notify
@@ -137,10 +138,7 @@ class Redelivery:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)  # re-cancels: redis-py's retries can swallow a cancellation mid-command
 
     async def _loop(self) -> None:
         while True:
@@ -155,8 +153,9 @@ class Redelivery:
             if not self._queue_empty:
                 await asyncio.sleep(self.poll_s)
                 continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._deferred.wait(), self.quiet_poll_s)
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: never swallows a cancel, unlike wait_for
+                async with asyncio.timeout(self.quiet_poll_s):
+                    await self._deferred.wait()
 
     async def run_due(self, limit: int = 20) -> int:
         """Attempt every part that is due now; returns how many were attempted."""

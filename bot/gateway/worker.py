@@ -370,8 +370,9 @@ class Workers:
         while True:
             if self._quiet:
                 self._kicked.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._kicked.wait(), QUIET_SWEEP_INTERVAL_S)
+                with contextlib.suppress(TimeoutError):  # asyncio.timeout: never swallows a cancel, unlike wait_for
+                    async with asyncio.timeout(QUIET_SWEEP_INTERVAL_S):
+                        await self._kicked.wait()
             else:
                 await asyncio.sleep(SWEEP_INTERVAL_S)
             kicks = self._kicks
