@@ -8,6 +8,9 @@ path and it becomes a data URL only in the request (``Message.to_openai``), so t
 history stays small and an image leaves it when the inbox is cleaned. Images cost far
 more context than their attachment line, so the history drops old images first, keeping
 their text.
+
+Pillow is imported on first use, not with this module: only ``llm.vision`` needs it, and
+the daemon checks it can be imported at start-up when vision is on (:func:`require_pillow`).
 """
 
 from __future__ import annotations
@@ -16,8 +19,6 @@ import io
 import os
 import warnings
 from pathlib import Path
-
-from PIL import Image, UnidentifiedImageError
 
 from agent.types import Message
 
@@ -37,6 +38,8 @@ class NotAnImage(ValueError):
 def vision_copy(path: Path, max_side: int = MAX_SIDE) -> Path:
     """Write ``path`` downscaled to ``max_side`` next to it and return the copy's path;
     blocking (run it in a thread). Raises :class:`NotAnImage`."""
+    from PIL import Image, UnidentifiedImageError
+
     out = io.BytesIO()
     try:
         with warnings.catch_warnings():
@@ -65,6 +68,14 @@ def vision_copy(path: Path, max_side: int = MAX_SIDE) -> Path:
     part.write_bytes(out.getvalue())
     os.replace(part, copy)
     return copy
+
+
+def require_pillow() -> None:
+    """Import Pillow now; ``ImportError`` (with the fix) when it cannot be."""
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError as exc:
+        raise ImportError(f"Pillow cannot be imported ({exc}); install it with `pip install pillow`") from None
 
 
 def drop_old_images(messages: list[Message], budget_tokens: int) -> list[Message]:

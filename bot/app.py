@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
+from agent.images import require_pillow
 from agent.llm import LLMClient
 from agent.llm_types import ChatModel
 from agent.tools.builtin import load_tools
@@ -104,12 +105,18 @@ def declared_tools(cfg: BotdConfig, settings: ToolSettings) -> list[Tool]:
 
 def channel_settings(cfg: BotdConfig) -> tuple[TelegramSettings | None, SlackSettings | None]:
     """The enabled channels' settings; a value the adapter refuses is a config error."""
-    from channels.slack import SlackSettings
-    from channels.telegram import TelegramSettings
-
+    telegram: TelegramSettings | None = None
+    slack: SlackSettings | None = None
     try:
-        telegram = TelegramSettings.from_config(cfg.telegram) if cfg.telegram.enabled else None
-        slack = SlackSettings.from_config(cfg.slack) if cfg.slack.enabled else None
+        # Each import pulls in that platform's SDK: only for a channel that is enabled.
+        if cfg.telegram.enabled:
+            from channels.telegram import TelegramSettings
+
+            telegram = TelegramSettings.from_config(cfg.telegram)
+        if cfg.slack.enabled:
+            from channels.slack import SlackSettings
+
+            slack = SlackSettings.from_config(cfg.slack)
     except ValueError as exc:
         raise ConfigError(f"config error: {exc}") from None
     return telegram, slack
@@ -124,6 +131,11 @@ def check_config(cfg: BotdConfig, *, model: bool = True, channels: bool = True) 
         llm_api_key(cfg)
         check_models(cfg)
     declared_tools(cfg, tool_settings(cfg))
+    if cfg.llm.vision:
+        try:
+            require_pillow()
+        except ImportError as exc:
+            raise ConfigError(f"config error: llm.vision: {exc}, or set llm.vision: false") from None
     if channels:
         channel_settings(cfg)
 

@@ -180,7 +180,6 @@ async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
         return await status(cfg, as_json=args.json)
 
     from bot import cli_commands as commands
-    from bot.doctor import doctor
     from bot.http_server import ListenError
     from channels.base import ChannelStartError
 
@@ -190,6 +189,8 @@ async def _dispatch(args: argparse.Namespace, cfg: BotdConfig) -> int:
         if args.command == "chat":
             return await commands.chat(cfg, None if getattr(args, "verbose", False) else chat_log_path(cfg))
         if args.command == "doctor":
+            from bot.doctor import doctor  # its endpoint probes bring httpx: not for the other commands
+
             return await doctor(cfg)
         if args.command == "cron":
             return await commands.cron(cfg, args)

@@ -106,8 +106,7 @@ class Daemon:
     async def _state(self) -> dict[str, object]:
         """What this replica reports with each beat (bot.replicas)."""
         channels = {channel.name: channel.is_ready() for channel in self._started_channels}
-        active = metrics.REGISTRY.get_sample_value("botd_active_runs") or 0
-        state: dict[str, object] = {"channels": channels, "active_runs": int(active)}
+        state: dict[str, object] = {"channels": channels, "active_runs": metrics.active_runs()}
         if self.app is not None:
             state["sandbox"] = self.app.tool_settings.sandbox.describe()
             # Errors can quote a server's URL or stderr: what reaches the store is redacted like a log.

@@ -19,13 +19,16 @@ import tempfile
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import ValidationError
 
 from bot.config import BotdConfig
 from bot.config_file import format_validation_error, home_config
-from bot.probes import Probe, check_slack, check_telegram, probe_llm
+
+if TYPE_CHECKING:  # bot.probes imports httpx: only `botd init` needs it, not every command's parser
+    from bot.probes import Probe
 
 DM_POLICIES = ("pairing", "allowlist", "open")
 
@@ -151,6 +154,8 @@ def write_private(path: Path, text: str) -> None:
 
 
 async def check_llm(a: Answers) -> Probe:
+    from bot.probes import Probe, probe_llm
+
     key = a.llm_api_key or os.environ.get("OPENAI_API_KEY") or None
     if key is None and a.llm_base_url is None:
         return Probe(False, "no API key for OpenAI", "pass --llm-api-key, set OPENAI_API_KEY, or --llm-base-url")
@@ -158,10 +163,14 @@ async def check_llm(a: Answers) -> Probe:
 
 
 def _telegram(a: Answers) -> Awaitable[Probe]:
+    from bot.probes import check_telegram
+
     return check_telegram(a.telegram_token or "", os.environ.get("BOTD_TELEGRAM__API_BASE_URL"))
 
 
 async def _slack(a: Answers) -> Probe:
+    from bot.probes import Probe, check_slack
+
     if a.slack_mode == "http" and not a.slack_signing_secret:
         return Probe(False, "slack.signing_secret is not set (HTTP mode needs it)",
                      "copy it from Basic Information → App Credentials")

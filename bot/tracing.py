@@ -118,7 +118,7 @@ class TraceStore:
         pipe = self._r.pipeline(transaction=True)
         index = self._keys.trace_index()
         for trace in batch:
-            pipe.set(self._key(trace.run_id), trace.model_dump_json(), ex=_TTL_S)
+            pipe.set(self._key(trace.run_id), trace.model_dump_json(exclude_defaults=True), ex=_TTL_S)
             pipe.lrem(index, 0, trace.run_id)
             pipe.lpush(index, trace.run_id)
         pipe.ltrim(index, 0, _INDEX_CAP - 1)

@@ -67,6 +67,10 @@ class SessionWorkspaces:
         self.scope = scope
         self.root = Path(os.path.realpath(base.workspace))
         self._cache: OrderedDict[Path, ToolSettings] = OrderedDict()
+        # What every session directory's settings share: built once, not per cached entry.
+        self._outside = tuple(p for p in base.allowed_paths if not _within(Path(os.path.realpath(p)), self.root))
+        self._readonly = (self.root,)
+        self._masked = (*base.masked_paths, self.root / USERS_DIR, self.root / CHATS_DIR)
 
     def settings_for(self, req: RunRequest) -> ToolSettings:
         if self.scope == "shared":
@@ -77,13 +81,12 @@ class SessionWorkspaces:
             self._cache.move_to_end(directory)
             return cached
         self._prepare(directory)
-        outside = tuple(p for p in self.base.allowed_paths if not _within(Path(os.path.realpath(p)), self.root))
         settings = dataclasses.replace(
             self.base,
             workspace=directory,
-            allowed_paths=(directory, *outside),
-            readonly_paths=(self.root,),
-            masked_paths=(*self.base.masked_paths, self.root / USERS_DIR, self.root / CHATS_DIR),
+            allowed_paths=(directory, *self._outside),
+            readonly_paths=self._readonly,
+            masked_paths=self._masked,
         )
         self._cache[directory] = settings
         if len(self._cache) > _CACHE_SIZE:

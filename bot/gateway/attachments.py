@@ -48,6 +48,9 @@ INBOX_DIR = "inbox"
 PART_SUFFIX = ".part"
 STALE_PART_S = 3600.0  # a .part file this old belongs to a download that died
 SWEEP_EVERY_S = 3600.0
+# Inboxes remembered as swept within the hour; past it the longest-remembered is forgotten
+# (its next run sweeps again, a cheap scandir), so a daemon serving many sessions stays bounded.
+SWEPT_MEMO_MAX = 1024
 _SAFE_EXT = re.compile(r"^\.[A-Za-z0-9]{1,10}$")
 _MIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9.+-]{0,127}$")
 _KIND_MIME = {"photo": "image/jpeg", "voice": "audio/ogg", "video_note": "video/mp4", "sticker": "image/webp"}
@@ -115,7 +118,7 @@ class Attachments:
         self.cfg = cfg
         self.ledger = ledger
         self.session_dir: SessionDir = session_dir or (lambda _req: cfg.workspace)
-        self._swept: dict[Path, float] = {}
+        self._swept: dict[str, float] = {}  # inbox -> when it was swept, oldest first
 
     # ---- in ----------------------------------------------------------------------------
 
@@ -200,15 +203,25 @@ class Attachments:
 
     async def sweep(self, req: RunRequest) -> None:
         """Remove the session's inbox files older than ``keep_days`` (and dead ``.part``
-        files); called for every run, it scans each inbox at most hourly."""
+        files); called for every run, it scans an inbox at most hourly (unless more than
+        ``SWEPT_MEMO_MAX`` others were swept since)."""
         inbox = self.session_dir(req) / INBOX_DIR
         now = time.time()
-        if now - self._swept.get(inbox, 0.0) < SWEEP_EVERY_S:
+        if now - self._swept.get(str(inbox), 0.0) < SWEEP_EVERY_S:
             return
-        self._swept[inbox] = now
+        self._remember_swept(str(inbox), now)
         removed = await asyncio.to_thread(sweep_inbox, inbox, self.cfg.attachments.keep_days * 86400, now)
         if removed:
             log.info("attachments.swept", inbox=str(inbox), removed=removed)
+
+    def _remember_swept(self, inbox: str, now: float) -> None:
+        self._swept.pop(inbox, None)
+        self._swept[inbox] = now  # at the end: the dict stays ordered by sweep time
+        while self._swept:
+            oldest = next(iter(self._swept))
+            if len(self._swept) <= SWEPT_MEMO_MAX and now - self._swept[oldest] < SWEEP_EVERY_S:
+                break
+            del self._swept[oldest]
 
     # ---- out ---------------------------------------------------------------------------
 

@@ -242,6 +242,14 @@ class Inbox:
     async def depth(self) -> int:
         return int(await self._r.zcard(self._pending))
 
+    async def pending_with_depth(self, older_than_s: float, limit: int = 100) -> tuple[list[str], int]:
+        """``pending_sessions`` and ``depth`` in one round trip (the sweeper asks both every second)."""
+        pipe = self._r.pipeline(transaction=False)
+        pipe.zrangebyscore(self._pending, "-inf", time.time() - older_than_s, start=0, num=limit)
+        pipe.zcard(self._pending)
+        keys, depth = await pipe.execute()
+        return [str(k) for k in keys], int(depth)
+
 
 def describe(req: RunRequest, limit: int = 60) -> str:
     """A short quote of a message for notices ("dropped: …")."""

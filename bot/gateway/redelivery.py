@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 import structlog
 from pydantic import TypeAdapter
 
+from agent.tasks import stop_task
 from agent.types import ChatRef
 from bot import metrics
 from bot.gateway.reply import DeliveryLedger, notify
@@ -90,6 +91,7 @@ class Redelivery:
         max_delay_s: float = 120.0,
         lease_s: float = 180.0,
         poll_s: float = 2.0,
+        quiet_poll_s: float = 10.0,
         clock: Clock = time.time,
     ) -> None:
         self._r = client
@@ -102,8 +104,14 @@ class Redelivery:
         self.max_delay_s = max_delay_s
         self.lease_s = lease_s
         self.poll_s = poll_s
+        # With the queue empty at the last look, the next is this far off unless this replica
+        # defers a part meanwhile: another replica's parts are polled by that replica, this
+        # one only stands in for it should it die.
+        self.quiet_poll_s = quiet_poll_s
         self._clock = clock
         self._task: asyncio.Task[None] | None = None
+        self._queue_empty = False  # at the last look
+        self._deferred = asyncio.Event()
 
     async def defer(self, run_id: str, index: int, text: str, target: Target) -> None:
         """Queue a part whose send failed; its ledger entry says ``failed:…`` meanwhile."""
@@ -116,6 +124,7 @@ class Redelivery:
         except Exception as exc:  # the part stays failed in the ledger
             log.error("delivery.defer_failed", run_id=run_id, part=index, error=str(exc))
             return
+        self._deferred.set()
         log.info("delivery.deferred", run_id=run_id, part=index, retry_in_s=self.first_delay_s)
 
     async def pending(self) -> int:
@@ -129,25 +138,33 @@ class Redelivery:
 
     async def stop(self) -> None:
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await stop_task(task)  # re-cancels: redis-py's retries can swallow a cancellation mid-command
 
     async def _loop(self) -> None:
         while True:
+            self._deferred.clear()  # before the read: a part deferred during it ends the wait below
             try:
                 await self.run_due()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis away: try again next round
+                self._queue_empty = False
                 log.warning("delivery.redelivery_error", error=str(exc))
-            await asyncio.sleep(self.poll_s)
+            if not self._queue_empty:
+                await asyncio.sleep(self.poll_s)
+                continue
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: never swallows a cancel, unlike wait_for
+                async with asyncio.timeout(self.quiet_poll_s):
+                    await self._deferred.wait()
 
     async def run_due(self, limit: int = 20) -> int:
         """Attempt every part that is due now; returns how many were attempted."""
         now = self._clock()
-        members: list[str] = [str(m) for m in await self._r.zrangebyscore(self._due, "-inf", now, start=0, num=limit)]
+        # The earliest ``limit`` by due time (those due now are a prefix): one read also says
+        # whether anything is queued at all.
+        earliest: list[tuple[str, float]] = await self._r.zrange(self._due, 0, limit - 1, withscores=True)  # type: ignore[assignment]
+        self._queue_empty = not earliest
+        members = [str(member) for member, due in earliest if due <= now]
         handled = 0
         for member in members:
             if not await self._r.eval(_CLAIM, 1, self._due, member, now, now + self.lease_s):

@@ -70,7 +70,9 @@ class DeliveryLedger:
         return {str(k): str(v) for k, v in (await self._r.hgetall(self._parts(run_id))).items()}
 
     async def save_result(self, run_id: str, result: RunResult) -> None:
-        await self._r.set(self._result(run_id), result.model_dump_json(), ex=_TTL_S)
+        # Fields at their defaults are left out (the reader restores them): a result is kept
+        # for a week per run, and half of a short one's JSON would be nulls and falses.
+        await self._r.set(self._result(run_id), result.model_dump_json(exclude_defaults=True), ex=_TTL_S)
 
     async def load_result(self, run_id: str) -> RunResult | None:
         raw = await self._r.get(self._result(run_id))

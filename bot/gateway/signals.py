@@ -35,6 +35,10 @@ from bot.store.keys import Keys
 log = structlog.get_logger(__name__)
 
 Handler = Callable[[dict[str, Any]], Awaitable[None]]
+# How long one wait for a message lasts. Messages are handled as they arrive whatever
+# this is; each return without one only re-checks the connection's health (a PING once
+# every health-check interval), so an idle daemon need not wake every second for it.
+LISTEN_WAKE_S = 10.0
 ReconnectHandler = Callable[[], Awaitable[None]]
 
 
@@ -77,7 +81,7 @@ class Broadcast:
                     reconnecting = False
                     await self._reconnected()
                 while True:
-                    msg = await pubsub.get_message(timeout=1.0)
+                    msg = await pubsub.get_message(timeout=LISTEN_WAKE_S)
                     if msg is None or msg.get("type") != "message":
                         continue
                     handler = self._handlers.get(str(msg["channel"]))

@@ -36,6 +36,11 @@ from channels.base import ChannelAdapter, Target
 log = structlog.get_logger(__name__)
 
 SWEEP_INTERVAL_S = 1.0
+# After a sweep that found no work waiting anywhere, with nothing kicked here since, the
+# next one is this far off: new work is kicked and swept every second by the replica it
+# arrived on, so a quiet replica's sweep only stands in for one that died right after
+# taking a message (whose lock, if it held one, outlives this anyway).
+QUIET_SWEEP_INTERVAL_S = 5.0
 MAX_ATTEMPTS = 3
 # How long the items of an album (one message per file) are waited for to make one run.
 MEDIA_GROUP_WAIT_S = 1.0
@@ -173,6 +178,9 @@ class Workers:
         self._slots = asyncio.Semaphore(cfg.gateway.max_concurrent_runs)
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
+        self._kicks = 0  # kick() calls so far: a sweep goes quiet only if none came in meanwhile
+        self._quiet = False  # the last sweep found nothing and nothing was kicked since
+        self._kicked = asyncio.Event()  # ends a quiet sweeper's long wait
 
     # ---- lifecycle -------------------------------------------------------------------
 
@@ -208,6 +216,10 @@ class Workers:
 
     def kick(self, session_key: str) -> None:
         """Serve ``session_key`` unless this replica already does (or is closing)."""
+        self._kicks += 1
+        if self._quiet:
+            self._quiet = False
+            self._kicked.set()
         if self._closing:
             return
         if session_key in self.tasks:
@@ -356,13 +368,21 @@ class Workers:
 
     async def _sweep(self) -> None:
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            if self._quiet:
+                self._kicked.clear()
+                with contextlib.suppress(TimeoutError):  # asyncio.timeout: never swallows a cancel, unlike wait_for
+                    async with asyncio.timeout(QUIET_SWEEP_INTERVAL_S):
+                        await self._kicked.wait()
+            else:
+                await asyncio.sleep(SWEEP_INTERVAL_S)
+            kicks = self._kicks
             try:
-                sessions = await self._inbox.pending_sessions(older_than_s=SWEEP_INTERVAL_S)
-                metrics.QUEUE_DEPTH.set(await self._inbox.depth())
+                sessions, depth = await self._inbox.pending_with_depth(older_than_s=SWEEP_INTERVAL_S)
+                metrics.QUEUE_DEPTH.set(depth)
             except RedisError as exc:
                 log.warning("sweeper.store_error", error=str(exc))
                 continue
+            self._quiet = depth == 0 and not self.tasks and kicks == self._kicks
             for session_key in sessions:
                 if session_key not in self.active:
                     self.kick(session_key)

@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from agent.tools.registry import ToolError
 from agent.types import Attachment, RunRequest
 from bot.config import BotdConfig
+from bot.gateway import attachments as attachments_module
 from bot.gateway.attachments import Attachments, Fetched, Skipped, safe_mime, sweep_inbox
 from bot.gateway.reply import DeliveryLedger
 from channels.base import FileSink, FileTooLarge, FileTransferError, Target
@@ -221,6 +222,32 @@ async def test_every_run_sweeps_its_inbox_at_most_hourly(tmp_path: Path, ledger:
     await files.sweep(request())  # within the hour: not scanned again
     assert old.exists()
     await Attachments(config(tmp_path / "none"), ledger).sweep(request())  # no inbox: nothing happens
+
+
+async def test_the_memory_of_swept_inboxes_stays_bounded(
+    tmp_path: Path, ledger: DeliveryLedger, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(attachments_module, "SWEPT_MEMO_MAX", 3)
+    files = Attachments(config(tmp_path), ledger, session_dir=lambda req: tmp_path / "ws" / req.chat_id)
+    week_ago = time.time() - 7 * 86400
+
+    def plant(chat: str) -> Path:
+        inbox = tmp_path / "ws" / chat / "inbox"
+        inbox.mkdir(parents=True, exist_ok=True)
+        old = inbox / "old.pdf"
+        old.write_text("x")
+        os.utime(old, (week_ago, week_ago))
+        return old
+
+    for n in range(10):  # many sessions: the memo keeps the newest three
+        await files.sweep(RunRequest(session_key=f"s{n}", channel="test", chat_id=f"c{n}", text="hi"))
+    assert len(files._swept) == 3
+    recent, forgotten = plant("c9"), plant("c0")
+    await files.sweep(RunRequest(session_key="s9", channel="test", chat_id="c9", text="hi"))
+    await files.sweep(RunRequest(session_key="s0", channel="test", chat_id="c0", text="hi"))
+    assert recent.exists()  # swept within the hour and still remembered: not scanned again
+    assert not forgotten.exists()  # forgotten: scanned again, the old file goes
+    assert len(files._swept) == 3
 
 
 async def test_an_unsupported_file_is_skipped_with_its_reason(tmp_path: Path, ledger: DeliveryLedger) -> None:

@@ -78,6 +78,24 @@ async def test_sweeper_takes_over_from_a_dead_holder(
         assert roles(await bot.history()) == ["user", "assistant"]
 
 
+async def test_a_quiet_sweeper_still_finds_work_a_dead_replica_left(
+    tmp_path: Path, redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
+) -> None:
+    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        workers = bot.gateway.workers
+        await wait_until(lambda: workers._quiet, timeout=10)  # nothing waits anywhere: sweeps slow down
+        fake.script(Reply.text("found while quiet"))
+        # Another replica took this message and died before answering: no kick reaches this one.
+        await _leave_work_behind(redis_client, redis_prefix, "left by a replica that died")
+        await bot.channel.wait_for(lambda ch: ch.texts("part"), timeout=15)
+        await bot.wait_idle()
+        assert bot.channel.texts("part") == ["found while quiet"]
+        assert request_texts(fake.requests[0]) == ["left by a replica that died"]
+        await bot.send("and a new message")  # a kick ends the quiet at once
+        assert not workers._quiet
+        await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2, timeout=8)
+
+
 async def test_retried_run_does_not_resend_a_delivered_part(
     tmp_path: Path, redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
 ) -> None:

@@ -125,3 +125,43 @@ async def test_a_part_whose_sender_died_mid_send_is_never_sent_again(
     assert await worker.pending() == 0
     sends = [c for c in h.fake.calls_to("sendMessage") if "The answer" in str(c.params.get("text"))]
     assert len(sends) == SEND_ATTEMPTS  # only the first, failed, tries
+
+
+async def eventually_sent(h: TelegramHarness, timeout_s: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while texts(h) != ["The answer"]:
+        assert asyncio.get_running_loop().time() < deadline, f"not redelivered: {texts(h)}"
+        await asyncio.sleep(0.02)
+
+
+async def test_an_idle_worker_waits_long_yet_takes_a_part_deferred_here_at_once(
+    h: TelegramHarness, ch: TelegramChannel, ledger: DeliveryLedger, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    worker = Redelivery(redis_client, Keys(redis_prefix), {"telegram": ch}, ledger, first_delay_s=0, poll_s=0.05,
+                        quiet_poll_s=120)
+    worker.start()
+    try:
+        while not worker._queue_empty:  # its first look found nothing: the long wait begins
+            await asyncio.sleep(0.01)
+        h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
+        await fail_a_reply(ch, ledger, worker, "run-woken")
+        await eventually_sent(h)  # long before the 120 s wait would have ended
+    finally:
+        await worker.stop()
+
+
+async def test_an_idle_worker_still_takes_over_a_part_another_replica_left(
+    h: TelegramHarness, ch: TelegramChannel, ledger: DeliveryLedger, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    keys = Keys(redis_prefix)
+    idle = Redelivery(redis_client, keys, {"telegram": ch}, ledger, first_delay_s=0, poll_s=0.05, quiet_poll_s=0.2)
+    idle.start()
+    try:
+        while not idle._queue_empty:
+            await asyncio.sleep(0.01)
+        gone = Redelivery(redis_client, keys, {"telegram": ch}, ledger, first_delay_s=0)  # never started: it died
+        h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
+        await fail_a_reply(ch, ledger, gone, "run-orphan")
+        await eventually_sent(h)
+    finally:
+        await idle.stop()

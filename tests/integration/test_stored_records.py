@@ -1,0 +1,44 @@
+"""Week-long records (a run's saved result, its trace) leave fields at their defaults
+out of the stored JSON, and read back equal to what was saved."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import redis.asyncio as aioredis
+
+from agent.types import Message, RunResult, Usage
+from bot.gateway.reply import DeliveryLedger
+from bot.store.keys import Keys
+from bot.tracing import Trace, TraceStore
+
+
+async def test_a_saved_result_is_stored_without_defaults_and_reads_back_equal(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    ledger = DeliveryLedger(redis_client, redis_prefix)
+    result = RunResult(text="the answer", messages=[Message.user("q"), Message.assistant("the answer")],
+                       usage=Usage(prompt_tokens=12, completion_tokens=3), iterations=1)
+    await ledger.save_result("run-1", result)
+    stored = json.loads(await redis_client.get(Keys(redis_prefix).result("run-1")))
+    assert "error" not in stored and "status" not in stored  # None and "completed": defaults
+    assert stored["messages"][0] == {"role": "user", "content": "q"}
+    assert await ledger.load_result("run-1") == result
+    failed = result.model_copy(update={"status": "failed", "error": "boom"})
+    await ledger.save_result("run-2", failed)
+    assert await ledger.load_result("run-2") == failed
+
+
+async def test_a_trace_is_stored_without_defaults_and_reads_back_equal(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    traces = TraceStore(redis_client, redis_prefix)
+    trace = Trace(run_id="run-3", session_key="s", kind="chat", channel="test")
+    trace.span("llm", "gpt-4o-mini", time.time(), prompt_tokens=5)
+    trace.status, trace.finished_at = "completed", time.time()
+    await traces.save(trace)
+    await traces.flush()
+    stored = json.loads(await redis_client.get(Keys(redis_prefix).trace("run-3")))
+    assert "input" not in stored and "error" not in stored["spans"][0]
+    assert await TraceStore(redis_client, redis_prefix).load("run-3") == trace
