@@ -53,7 +53,7 @@ class DeliveryLedger:
         key = self._parts(run_id)
         pipe = self._r.pipeline(transaction=True)
         if result is not None:
-            pipe.set(self._result(run_id), result.model_dump_json(), ex=_TTL_S)
+            pipe.set(self._result(run_id), _result_json(result), ex=_TTL_S)
         pipe.hsetnx(key, part, "sending")
         pipe.expire(key, _TTL_S)
         replies = await pipe.execute()
@@ -70,13 +70,17 @@ class DeliveryLedger:
         return {str(k): str(v) for k, v in (await self._r.hgetall(self._parts(run_id))).items()}
 
     async def save_result(self, run_id: str, result: RunResult) -> None:
-        # Fields at their defaults are left out (the reader restores them): a result is kept
-        # for a week per run, and half of a short one's JSON would be nulls and falses.
-        await self._r.set(self._result(run_id), result.model_dump_json(exclude_defaults=True), ex=_TTL_S)
+        await self._r.set(self._result(run_id), _result_json(result), ex=_TTL_S)
 
     async def load_result(self, run_id: str) -> RunResult | None:
         raw = await self._r.get(self._result(run_id))
         return RunResult.model_validate_json(raw) if raw else None
+
+
+def _result_json(result: RunResult) -> str:
+    # Fields at their defaults are left out (the reader restores them): a result is kept
+    # for a week per run, and half of a short one's JSON would be nulls and falses.
+    return result.model_dump_json(exclude_defaults=True)
 
 
 # ---- previews ------------------------------------------------------------
