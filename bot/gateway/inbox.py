@@ -73,6 +73,7 @@ return {0, items, now[1], now[2]}
 
 _FINISH = """
 redis.call('DEL', KEYS[1])
+if KEYS[4] then redis.call('DEL', KEYS[4]) end
 if redis.call('LLEN', KEYS[2]) == 0 then
   redis.call('ZREM', KEYS[3], ARGV[1])
   return 0
@@ -211,11 +212,11 @@ class Inbox:
         raw = await self._r.lrange(self._running(session_key), 0, -1)
         return [RunRequest.model_validate_json(item) for item in raw]
 
-    async def finish(self, session_key: str) -> bool:
-        """Forget the running batch; True when more messages are already waiting."""
-        more = await self._finish(
-            keys=[self._running(session_key), self._inbox(session_key), self._pending], args=[session_key]
-        )
+    async def finish(self, session_key: str, run_id: str | None = None) -> bool:
+        """Forget the running batch, and with ``run_id`` the result it saved for a retry
+        (kept a week otherwise, for nothing); True when more messages are already waiting."""
+        keys = [self._running(session_key), self._inbox(session_key), self._pending]
+        more = await self._finish(keys=keys + ([self._keys.result(run_id)] if run_id else []), args=[session_key])
         return bool(more)
 
     async def peek(self, session_key: str) -> RunRequest | None:

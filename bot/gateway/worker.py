@@ -291,7 +291,7 @@ class Workers:
                 outcome = await self._run(session_key, batch, lock, await server_time(self._r), resumed=False)
             if outcome is None:
                 return  # left for a retry (shutdown, lock lost, store error)
-            if not await self._inbox.finish(session_key):
+            if not await self._inbox.finish(session_key, batch[0].run_id):
                 return
             if self._slots.locked():
                 return  # others are waiting for a slot; the re-kick in _serve requeues us
@@ -311,7 +311,7 @@ class Workers:
         if channel is not None:
             await notify(channel, Target.of(batch[-1]), self._ledger, batch[0].run_id, "abandoned",
                          "Sorry — I could not process your message after several attempts. Please send it again.")
-        await self._inbox.finish(session_key)
+        await self._inbox.finish(session_key, batch[0].run_id)
         return await self._inbox.take(session_key)
 
     def _fold_window(self, batch: list[RunRequest]) -> float:

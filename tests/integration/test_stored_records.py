@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
@@ -12,6 +13,8 @@ from agent.types import Message, RunResult, Usage
 from bot.gateway.reply import DeliveryLedger
 from bot.store.keys import Keys
 from bot.tracing import Trace, TraceStore
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.integration.gateway_harness import running_daemon
 
 
 async def test_a_saved_result_is_stored_without_defaults_and_reads_back_equal(
@@ -42,3 +45,16 @@ async def test_a_trace_is_stored_without_defaults_and_reads_back_equal(
     stored = json.loads(await redis_client.get(Keys(redis_prefix).trace("run-3")))
     assert "input" not in stored and "error" not in stored["spans"][0]
     assert await TraceStore(redis_client, redis_prefix).load("run-3") == trace
+
+
+async def test_a_finished_batch_leaves_no_saved_result_behind(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        fake.script(Reply.text("Kept only while a retry could need it."))
+        await bot.send("hi")
+        await bot.channel.wait_for(lambda ch: ch.texts("part"))
+        await bot.wait_idle()
+        assert await bot.history()  # the run is recorded...
+        results = [key async for key in bot.redis.scan_iter(match=bot.keys.result("*"))]
+        assert results == []  # ...and the result a resumed attempt would have used is gone
