@@ -107,6 +107,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(exc, file=sys.stderr)
         return 2
+    try:
+        loop_factory = event_loop_factory(os.environ.get("BOTD_EVENT_LOOP", "auto"))
+    except ValueError as exc:
+        print(f"botd: {exc}", file=sys.stderr)
+        return 2
     # One-shot commands print results, not the store's info logs (unless --verbose).
     quiet = args.command not in ("run", "chat") and not getattr(args, "verbose", False)
     level = "warning" if quiet and cfg.log.level in ("debug", "info") else cfg.log.level
@@ -116,11 +121,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"botd: cannot write the log file ({exc}); use --verbose to log to stderr", file=sys.stderr)
         return 1
     configure_logging(level, cfg.log.format, log_stream)
-    try:
-        loop_factory = event_loop_factory(os.environ.get("BOTD_EVENT_LOOP", "auto"))
-    except ValueError as exc:
-        print(f"botd: {exc}", file=sys.stderr)
-        return 2
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             code = runner.run(_dispatch(args, cfg))
