@@ -290,9 +290,8 @@ def render_config(paths: EmbeddedPaths, password: str) -> str:
         ("appendonly", "yes"),
         ("appendfsync", "everysec"),
         ("save", ""),
-        # Background tasks (active expiry, the fsync of the last writes, client upkeep) run
-        # this many times a second; 10, the server's default, costs an idle daemon ~1 ms of
-        # CPU a second. Expiry stays exact on access and fsync within everysec's 2 s bound.
+        # Background tasks (active expiry, fsync, client upkeep) a second; the default 10 costs
+        # an idle daemon ~1 ms of CPU a second. Expiry stays exact on access, fsync within 2 s.
         ("hz", "5"),
         ("logfile", ""),
         ("loglevel", "notice"),
