@@ -46,6 +46,7 @@ if str(ROOT) not in sys.path:
 from agent.types import RunRequest  # noqa: E402
 from bench import preview_faults  # noqa: E402
 from bench.common import machine, summary_ms, write_json  # noqa: E402
+from bench.preview_faults import REPLY_UNIT  # noqa: E402
 from channels.base import SubmitResult, Target  # noqa: E402
 from channels.slack import SlackChannel, SlackSettings  # noqa: E402
 from channels.slack.format import format_parts  # noqa: E402
@@ -55,14 +56,6 @@ from tests.fakes.slack_server import FakeSlack, event_callback, message_event, s
 OUTPUT = ROOT / "bench" / "slack.json"
 
 _T = TypeVar("_T")
-
-REPLY_UNIT = (
-    "## Result\n\nThe deploy went out at **nine**; error rates stayed _flat_. See [the runbook]"
-    "(https://example.com/runbook?a=1&b=2) and `kubectl get pods`.\n\n"
-    "- first point with <angle> & ampersand\n- second point\n\n"
-    "```python\nfor pod in pods:\n    if pod.ready < 1:\n        restart(pod)\n```\n\n"
-)
-
 
 class FakeThread:
     """The fake Slack on an event loop of its own thread, so the channel's CPU can be told apart."""
@@ -295,47 +288,6 @@ async def bench_replies(ft: FakeThread, client: aioredis.Redis, replies: int) ->
             "cpu_ms_per_reply": cycle_cpu, "cpu_ms_per_notice": notice_cpu}
 
 
-PREVIEW_INTERVAL_S = 0.05
-
-
-async def bench_faults(client: aioredis.Redis, replies: int, rate: float) -> dict[str, Any]:
-    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)  # the fake's dropped connections
-    runs = []
-    for label, fault_rate in (("clean", 0.0), ("faults", rate)):
-        async with FakeSlack() as fake:
-            ctx = RecordingContext(RedisKeyValue(client, f"bench-faults-{label}"))
-            settings = SlackSettings(bot_token=fake.bot_token, signing_secret="x", mode="http",
-                                     api_base_url=fake.api_url, preview_interval_s=PREVIEW_INTERVAL_S,
-                                     api_timeout_s=1.0)
-            channel = SlackChannel(settings)
-            await channel.start(ctx.ctx)
-            if fault_rate:
-                fake.chaos("chat.update", fault_rate, seed=14, hang_s=1.5)
-            parts = format_parts(REPLY_UNIT * 60)
-            text = REPLY_UNIT * 2
-            previews = [text[: len(text) * k // preview_faults.PREVIEWS_PER_REPLY]
-                        for k in range(1, preview_faults.PREVIEWS_PER_REPLY + 1)]
-            platform = preview_faults.Platform(
-                open_stream=lambda n, ch=channel: ch.open_stream(  # type: ignore[misc]
-                    Target(channel="slack", chat_id=f"CF{n}", reply_to=f"9.{n}"), f"bench-run-{n}"),
-                chat_shows=lambda n, fake=fake: _conversation(fake, f"CF{n}"),
-                api_calls=lambda n, fake=fake: sum(
-                    1 for c in fake.calls if c.args.get("channel") == f"CF{n}" and not c.method.startswith("reactions.")),
-                preview_gap_s=PREVIEW_INTERVAL_S * 1.5,
-            )
-            try:
-                runs.append(await preview_faults.run_replies(platform, parts, previews, replies, concurrency=1,
-                                                             settle=lambda: asyncio.sleep(2.0)))
-            finally:
-                await channel.stop()
-    return preview_faults.compare(runs[0], runs[1], rate)
-
-
-def _conversation(fake: FakeSlack, channel: str) -> list[str]:
-    return [str(m.get("text") or "") for (ch, _), m in sorted(fake.messages.items(), key=lambda kv: float(kv[0][1]))
-            if ch == channel]
-
-
 def bench_format(sizes: list[int], repeat: int) -> list[dict[str, Any]]:
     rows = []
     for size in sizes:
@@ -380,7 +332,7 @@ async def main() -> None:
         return
     if args.faults_only:
         async with valkey() as client:
-            only = await bench_faults(client, args.replies, args.fault_rate)
+            only = await preview_faults.slack_faults(client, args.replies, args.fault_rate)
         print(table(only))
         return
 
@@ -389,7 +341,7 @@ async def main() -> None:
             socket_row = await bench_socket(ft, client, args.events, args.burst)
             http_row = await bench_http(ft, client, args.events, args.burst)
             replies = await bench_replies(ft, client, args.replies)
-        faults = None if args.no_faults else await bench_faults(client, args.replies, args.fault_rate)
+        faults = None if args.no_faults else await preview_faults.slack_faults(client, args.replies, args.fault_rate)
     formatting = bench_format([1_000, 10_000, 100_000], args.repeat)
 
     print(f"{'path':<28}{'p50 ms':>10}{'p99 ms':>10}{'burst/s':>10}{'CPU ms':>10}{'+ fake':>10}")

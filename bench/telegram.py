@@ -45,7 +45,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__)
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from agent.types import RunRequest, TelegramChat  # noqa: E402
+from agent.types import RunRequest  # noqa: E402
 from bench import preview_faults  # noqa: E402
 from bench.common import (  # noqa: E402
     cpu_seconds,
@@ -57,11 +57,11 @@ from bench.common import (  # noqa: E402
     temp_workspace,
     write_json,
 )
+from bench.preview_faults import REPLY_UNIT  # noqa: E402
 from channels.base import SubmitResult, Target  # noqa: E402
 from channels.telegram.format import render_parts  # noqa: E402
 from channels.telegram.webhook import SECRET_HEADER  # noqa: E402
 from tests.fakes.telegram_context import TelegramHarness  # noqa: E402
-from tests.fakes.telegram_server import FakeTelegram  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "telegram.json"
 SECRET = "bench_secret"
@@ -69,14 +69,6 @@ GROUP = Target(channel="telegram", chat_id="-1001", reply_to="1")
 SHORT_ANSWER = "Echo: " + " ".join(["the deploy went out at nine and error rates stayed flat"] * 2)
 FAST_PREVIEWS = 5  # previews offered while a fast answer streams
 FAST_CHUNK_GAP_S = 0.002  # between them: the whole answer streams in ~10 ms
-
-REPLY_UNIT = (
-    "## Result\n\nThe deploy went out at **nine**; error rates stayed _flat_. See [the runbook]"
-    "(https://example.com/runbook?a=1&b=2) and `kubectl get pods`.\n\n"
-    "- first point with <angle> & ampersand\n- second point\n\n"
-    "```python\nfor pod in pods:\n    if pod.ready < 1:\n        restart(pod)\n```\n\n"
-)
-
 
 class TimedSubmits:
     """Wraps the recorder's submit to note when each request arrived."""
@@ -308,41 +300,6 @@ async def bench_calls(calls: int) -> list[dict[str, Any]]:
     return rows
 
 
-FIRST_FAULT_CHAT = 700_000
-PREVIEW_INTERVAL_S = 0.05
-CONCURRENCY = 1  # one reply at a time: reply times without CPU contention between replies
-
-
-async def bench_faults(client: aioredis.Redis, replies: int, rate: float) -> dict[str, Any]:
-    logging.getLogger("aiohttp.server").setLevel(logging.CRITICAL)  # the fake's dropped connections
-    runs = []
-    for label, fault_rate in (("clean", 0.0), ("faults", rate)):
-        async with TelegramHarness(client, f"bench-faults-{label}") as h:
-            channel = await h.channel(stream_edit_interval_s=PREVIEW_INTERVAL_S,
-                                      tuning={"preview_timeout_s": 1.0, "send_backoff_s": 0.05})
-            if fault_rate:
-                h.fake.chaos("editMessageText", fault_rate, seed=14, hang_s=1.5)
-            parts = channel.format_parts(REPLY_UNIT * 20)
-            text = REPLY_UNIT * 2
-            previews = [text[: len(text) * k // preview_faults.PREVIEWS_PER_REPLY]
-                        for k in range(1, preview_faults.PREVIEWS_PER_REPLY + 1)]
-            platform = preview_faults.Platform(
-                open_stream=lambda n, ch=channel: ch.open_stream(  # type: ignore[misc]
-                    Target(channel="telegram", chat_id=str(FIRST_FAULT_CHAT + n), chat=TelegramChat(chat_type="private")),
-                    f"bench-run-{n}"),
-                chat_shows=lambda n, fake=h.fake: [m.raw for m in fake.sent_messages(FIRST_FAULT_CHAT + n)],
-                api_calls=lambda n, fake=h.fake: _chat_calls(fake, FIRST_FAULT_CHAT + n),
-                preview_gap_s=PREVIEW_INTERVAL_S * 1.5,
-            )
-            runs.append(await preview_faults.run_replies(platform, parts, previews, replies, concurrency=CONCURRENCY,
-                                                         settle=lambda: asyncio.sleep(2.0)))
-    return preview_faults.compare(runs[0], runs[1], rate)
-
-
-def _chat_calls(fake: FakeTelegram, chat_id: int) -> int:
-    return sum(1 for c in fake.calls if c.method != "sendChatAction" and c.params.get("chat_id") == chat_id)
-
-
 def bench_format() -> list[dict[str, Any]]:
     rows = []
     for label, repeat in (("2 KB", 5), ("30 KB", 80), ("300 KB", 800), ("1.2 MB", 3200)):
@@ -386,7 +343,7 @@ async def main() -> None:
         report["format_parts"] = bench_format()
     async with redis_client(redis_url_from_env(args.redis_url)) as client:
         if "faults" in parts:
-            report["faults"] = await bench_faults(client, args.replies, args.fault_rate)
+            report["faults"] = await preview_faults.telegram_faults(client, args.replies, args.fault_rate)
         if "polling" in parts:
             report["polling"] = await bench_polling(client, args.updates, args.burst)
         if "webhook" in parts:
