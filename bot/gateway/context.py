@@ -109,11 +109,12 @@ class RunContext:
         (once, until it drops below again); empty otherwise, or when the store fails.
         Below the line, a chat that was warned is re-armed by the run's finishing write."""
         tokens = last_call.prompt_tokens + last_call.completion_tokens
-        if not self.budget.should_warn(tokens) and self.warned is not None:
+        over = self.budget.should_warn(tokens)
+        if not over and self.warned is not None:
             self.rearm_warning = self.warned
             return ""
         try:
-            first = await self.sessions.note_context_warning(self.session_key, self.budget.should_warn(tokens))
+            first = await self.sessions.note_context_warning(self.session_key, over)
         except Exception as exc:
             log.warning("context.warning_failed", session_key=self.session_key, error=str(exc))
             return ""

@@ -86,9 +86,11 @@ class BoundedConnectionPool(aioredis.ConnectionPool):
         self._woken = 0  # waiters woken for a freed connection that have not taken it yet
 
     async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        deadline = asyncio.get_running_loop().time() + self._wait_s
+        deadline: float | None = None  # set on the first wait: a free connection costs no clock read
         while True:
             if self._waiters or self._woken or not self.can_get_connection():
+                if deadline is None:
+                    deadline = asyncio.get_running_loop().time() + self._wait_s
                 await self._wait_turn(deadline)
             try:
                 return await super().get_connection()
