@@ -25,7 +25,7 @@ from agent.tasks import keep_cancelling, stop_task, uncancel_current
 from agent.types import RunRequest
 from bot import metrics
 from bot.config import BotdConfig
-from bot.gateway.inbox import Inbox
+from bot.gateway.inbox import Claim, Inbox
 from bot.gateway.reply import DeliveryLedger, notify
 from bot.gateway.run import FOLD, RETRY_REASONS, RunExecutor, RunOutcome
 from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time, stopped_since_value
@@ -240,19 +240,24 @@ class Workers:
         waiting = False
         try:
             async with self._slots:
+                if self._closing:  # stopping while this worker waited for a slot: take nothing
+                    return
                 lock = self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
-                if not await lock.acquire(wait=False):
+                claim = await self._inbox.lock_and_claim(session_key, lock)
+                if claim is None:
                     return
                 held = True
                 try:
-                    await self._drain(session_key, lock)
+                    await self._drain(session_key, lock, claim)
                 finally:
-                    # Released together with a look at the inbox: a message that arrived
-                    # meanwhile (its submitter saw the lock held) is served again below.
-                    waiting = True
+                    # Released together with a look at the inbox (by the last finish, or
+                    # here): a message that arrived meanwhile (its submitter saw the lock
+                    # held) is served again below.
                     self._rekick.discard(session_key)  # a kick before the release is seen by it
-                    with contextlib.suppress(Exception):
-                        waiting = await asyncio.shield(lock.release_and_check())
+                    if lock.token is not None:
+                        waiting = True
+                        with contextlib.suppress(Exception):
+                            waiting = await asyncio.shield(lock.release_and_check())
         except RedisError as exc:
             log.warning("worker.store_error", session_key=session_key, error=str(exc))
             return
@@ -263,7 +268,7 @@ class Workers:
         if held and not self._closing and (waiting or rekick):
             self.kick(session_key)
 
-    async def _drain(self, session_key: str, lock: SessionLock) -> None:
+    async def _drain(self, session_key: str, lock: SessionLock, claim: Claim) -> None:
         """Run the session's batches while holding its lock.
 
         A batch starts at once; messages that arrive before it shows anything are folded
@@ -271,18 +276,18 @@ class Workers:
         run only notices a lost lock while it is registered as active; between runs this
         check does it), and after a batch when other sessions wait for a run slot, so one
         busy chat cannot keep a slot forever: the worker then goes to the back of the queue.
+        ``claim`` is the first batch, taken with the lock; the last finish releases it.
         """
         while not self._closing:
             if not lock.is_held:
                 log.warning("worker.lock_lost_between_runs", session_key=session_key)
                 return
-            claim = await self._inbox.claim(session_key)
             batch, started_at = claim.batch, claim.server_time
             if claim.resumed:
                 batch = await self._retry_guard(session_key, batch)
                 started_at = await server_time(self._r)
             if not batch:
-                await self._inbox.finish(session_key)
+                await self._inbox.finish(session_key, lock=lock)
                 return
             outcome = await self._run(session_key, batch, lock, started_at, resumed=claim.resumed)
             while outcome == FOLD:
@@ -291,10 +296,11 @@ class Workers:
                 outcome = await self._run(session_key, batch, lock, await server_time(self._r), resumed=False)
             if outcome is None:
                 return  # left for a retry (shutdown, lock lost, store error)
-            if not await self._inbox.finish(session_key, batch[0].run_id):
+            if not await self._inbox.finish(session_key, batch[0].run_id, lock=lock):
                 return
             if self._slots.locked():
                 return  # others are waiting for a slot; the re-kick in _serve requeues us
+            claim = await self._inbox.claim(session_key)
 
     async def _retry_guard(self, session_key: str, batch: list[RunRequest]) -> list[RunRequest]:
         """Resume a batch a previous holder left; give up on it after MAX_ATTEMPTS."""

@@ -23,7 +23,7 @@ from pydantic import BaseModel, Field, ValidationError
 from agent.types import Message
 from bot.store import session_scripts
 from bot.store.keys import Keys
-from bot.store.kv import queue_script
+from bot.store.owned import queue_script
 
 log = structlog.get_logger(__name__)
 
