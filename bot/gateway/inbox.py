@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 from agent.types import RunRequest
 from bot.store.keys import Keys
@@ -196,8 +197,7 @@ class Inbox:
 
     async def take(self, session_key: str) -> list[RunRequest]:
         """Move everything waiting into the running list and return it (oldest first)."""
-        raw = await self._take(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS])
-        return [RunRequest.model_validate_json(item) for item in raw or []]
+        return taken(await self._take(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS]))
 
     async def claim(self, session_key: str) -> Claim:
         """The batch to run next: the running batch a previous holder never finished
@@ -215,9 +215,13 @@ class Inbox:
         """``take``, and the value of ``other_key`` read in the same round trip."""
         pipe = self._r.pipeline(transaction=False)
         pipe.get(other_key)
-        queue_script(pipe, self._take, [self._inbox(session_key), self._running(session_key)], [_KEEP_MS])
+        self.queue_take(pipe, session_key)
         value, raw = await pipe.execute()
-        return [RunRequest.model_validate_json(item) for item in raw or []], value
+        return taken(raw), value
+
+    def queue_take(self, pipe: Pipeline, session_key: str) -> None:
+        """:meth:`take` queued on ``pipe``; read its reply with :func:`taken`."""
+        queue_script(pipe, self._take, [self._inbox(session_key), self._running(session_key)], [_KEEP_MS])
 
     async def running(self, session_key: str) -> list[RunRequest]:
         """Work a previous holder took but never finished (it died or lost its lock)."""
@@ -272,10 +276,15 @@ class Inbox:
         return [str(k) for k in keys], int(depth)
 
 
+def taken(raw: list[str] | None) -> list[RunRequest]:
+    """The requests a take (or claim) moved to running, from the script's reply."""
+    return [RunRequest.model_validate_json(item) for item in raw or []]
+
+
 def _claim_of(reply: list[Any]) -> Claim:
     resumed, raw, sec, usec = reply
     return Claim(
-        batch=[RunRequest.model_validate_json(item) for item in raw or []],
+        batch=taken(raw),
         resumed=bool(resumed),
         server_time=float(sec) + float(usec) / 1_000_000,
     )

@@ -51,6 +51,8 @@ from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
+    from redis.asyncio.client import Pipeline
+
     from bot.compactor import SessionCompactor
     from bot.gateway.approvals import Approvals
     from bot.gateway.redelivery import Redelivery
@@ -67,12 +69,20 @@ RETRY_REASONS = frozenset({"shutdown", "lock_lost", FOLD})
 
 
 class RunControl(Protocol):
-    """What a run asks of its owner (``worker.SessionRun``)."""
+    """What a run asks of its owner (``session_run.SessionRun``)."""
 
     resumed: bool  # a batch a previous attempt left unfinished (it may have saved its result)
 
     async def steer(self) -> list[RunRequest]:
         """Before every LLM call: messages to hand over now (raises when cancelled)."""
+        ...
+
+    def queue_steer(self, pipe: Pipeline) -> None:
+        """Queue the first :meth:`steer`'s reads on the run's first read of the store."""
+        ...
+
+    def steer_ahead(self, replies: list[Any]) -> None:
+        """The replies of what :meth:`queue_steer` queued."""
         ...
 
     def acknowledge(self) -> str | None:
@@ -199,8 +209,11 @@ class RunExecutor:
         user_messages = await self._guarded(turn.batch, turn.channel, turn.target)
         if not user_messages:
             return RunOutcome(turn.run_id, "blocked", "none", "blocked by the input guard")
-        # One read for the run's start: history, summary, the session's model and usage.
-        loaded = await self.deps.sessions.context(turn.session_key)
+        # One read for the run's start: history, summary, the session's model and usage, and
+        # the first steer's stop check and take (the run is registered by now, so a stop
+        # after this read cancels it directly).
+        loaded, ahead = await self.deps.sessions.context_with(turn.session_key, control.queue_steer)
+        control.steer_ahead(ahead)
         profile = self.deps.catalog.profile(loaded.model) or self.deps.catalog.default
         turn.context = RunContext(
             self.deps.sessions, self.deps.compactor, turn.session_key, profile, self.deps.cfg.agent.history_turns,

@@ -48,7 +48,8 @@ async def test_commands_round_trip(redis_url: str) -> None:
         await client.set("botd-test:prompt-write", "v" * 100_000)  # larger than one socket write
         assert await client.get("botd-test:prompt-write") == "v" * 100_000
         async with client.pipeline(transaction=False) as pipe:
-            pipe.strlen("botd-test:prompt-write").delete("botd-test:prompt-write")
+            pipe.strlen("botd-test:prompt-write")
+            pipe.delete("botd-test:prompt-write")
             assert await pipe.execute() == [100_000, 1]
     finally:
         await client.aclose()
