@@ -77,13 +77,9 @@ class RunControl(Protocol):
         """Before every LLM call: messages to hand over now (raises when cancelled)."""
         ...
 
-    def queue_steer(self, pipe: Pipeline) -> None:
-        """Queue the first :meth:`steer`'s reads on the run's first read of the store."""
-        ...
-
-    def steer_ahead(self, replies: list[Any]) -> None:
-        """The replies of what :meth:`queue_steer` queued."""
-        ...
+    # The first steer's reads, queued on the run's first read of the store, and their replies.
+    def queue_steer(self, pipe: Pipeline) -> None: ...
+    def steer_ahead(self, replies: list[Any]) -> None: ...
 
     def acknowledge(self) -> str | None:
         """The run handles its cancellation: stop re-cancelling; returns the reason."""
@@ -138,6 +134,7 @@ class _Turn:
     reply: Reply
     bound: Any
     context: RunContext | None = None
+    settings: ToolSettings | None = None  # the tool settings of the session's directory, once known
 
     @property
     def profile(self) -> ModelProfile | None:
@@ -217,7 +214,7 @@ class RunExecutor:
         profile = self.deps.catalog.profile(loaded.model) or self.deps.catalog.default
         turn.context = RunContext(
             self.deps.sessions, self.deps.compactor, turn.session_key, profile, self.deps.cfg.agent.history_turns,
-            settings=self._settings(turn.last), loaded=loaded,
+            settings=self._turn_settings(turn), loaded=loaded,
         )
         messages = await self._prepare(turn, user_messages, turn.context)
         model = TracingModel(self.deps.catalog.client(profile.id), turn.trace, profile.id)
@@ -243,7 +240,7 @@ class RunExecutor:
         if verbose():
             turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
         await self.attachments.sweep(turn.last)
-        workspace = self._settings(turn.last).workspace
+        workspace = self._turn_settings(turn).workspace
         system = system_prompt(self.deps.cfg, self.deps.tools, turn.last, workspace, context.profile.id)
         first, *rest = await context.request(user_messages, Message.system(system))
         # Images cost the most context: the oldest go first (their text stays), all of them
@@ -274,7 +271,7 @@ class RunExecutor:
         ctx = ToolContext(
             run_id=turn.run_id,
             session_key=turn.session_key,
-            settings=self._settings(last),
+            settings=self._turn_settings(turn),
             policy=last.tool_policy,
             chat={"channel": last.channel, "chat_id": last.chat_id, "thread_id": last.thread_id,
                   "user_id": last.user_id},
@@ -347,7 +344,7 @@ class RunExecutor:
             try:
                 await deps.compactor.maybe_compact(
                     session_key, model.last_prompt_tokens, turn.profile,
-                    settings=self._settings(turn.last), stored=stored,
+                    settings=self._turn_settings(turn), stored=stored,
                 )
             except Exception as exc:
                 turn.bound.warning("compaction.failed", error=str(exc))
@@ -384,6 +381,11 @@ class RunExecutor:
             price=profile.cost if profile is not None else None,
             rearm_warning=context is not None and context.rearm_warning,
         )
+
+    def _turn_settings(self, turn: _Turn) -> ToolSettings:  # _settings of the last message, once
+        if turn.settings is None:
+            turn.settings = self._settings(turn.last)
+        return turn.settings
 
     def _settings(self, req: RunRequest) -> ToolSettings:
         """The tool settings of ``req``'s session directory (``agent.workspace_scope``)."""
