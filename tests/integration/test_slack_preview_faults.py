@@ -151,3 +151,29 @@ async def test_failing_reactions_never_cost_the_reply(fake: FakeSlack, api: Slac
     await stream_a_reply(api, kv, "run-no-reactions")
     assert conversation(fake) == ["Final answer", "second part"]
     assert fake.calls_to("reactions.add")
+
+
+async def test_an_answer_done_before_the_first_preview_is_due_is_posted_once(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    stream = SlackReplyStream(api, TARGET, "run-fast", format_preview=preview_part, interval_s=1.0,
+                              first_preview_delay_s=0.5, kv=kv)
+    await stream.start()
+    for text in ("Quick", "Quick answer"):
+        await stream.preview(text)
+    await stream.deliver(0, "Quick answer.")
+    await stream.close()
+    assert conversation(fake) == ["Quick answer."]
+    assert len(fake.calls_to("chat.postMessage")) == 1 and not fake.calls_to("chat.update")
+    assert await redis_client.keys(f"{redis_prefix}:*preview*") == []  # nothing to remember
+
+
+async def test_a_slower_answer_gets_its_placeholder_after_the_first_delay(fake: FakeSlack, api: SlackApi, kv: RedisKV) -> None:
+    stream = SlackReplyStream(api, TARGET, "run-slow", format_preview=preview_part, interval_s=1.0,
+                              first_preview_delay_s=0.1, kv=kv)
+    await stream.preview("Thinking about it")
+    await fake.wait_calls("chat.postMessage", 1, within=2.0)
+    await stream.deliver(0, "The answer.")
+    await stream.close()
+    assert conversation(fake) == ["The answer."]  # the placeholder became the answer
+    assert len(fake.calls_to("chat.postMessage")) == 1 and len(fake.calls_to("chat.update")) == 1
