@@ -5,22 +5,17 @@ they grow) and a line shows each tool call starting and ending. Ctrl-C stops the
 run at once; a second one, or one while nothing runs, ends the chat, as do ``/exit``,
 ``/quit`` and the end of input.
 
-Input never blocks the process, and a typed line never waits: a message is sent the
-moment the input is at a line end and nothing more is readable, while lines that are
-readable together (a paste) are one message. That is decided from what the kernel holds,
-not from a clock: on each wake the reader reads, then asks the descriptor with a
-0-timeout ``poll`` whether more is there, and goes on until it is not. A terminal in
-canonical mode hands a paste over one line per ``read``, but the whole paste is already
-in its buffer when the first line wakes us, so the poll sees the rest; a pipe hands over
-what was written in one chunk. (Setting ``O_NONBLOCK`` instead would change the open
-file the shell and stdout share.) Two cases get a short grace (:data:`PASTE_GRACE_S`)
-before the lines go out, as more is surely on its way: input that stops mid-line (a
-chunk boundary; a typed line always ends in Enter), and a burst of at least
-:data:`BIG_BURST_CHARS` (a terminal's line buffer holds 4 KiB, so a longer paste comes
-in pieces). Bracketed-paste markers, when the terminal sends them, hold everything
-between them, however slowly it comes. A paste still cut in two by a slow writer makes
-two messages in order, and the gateway folds the second into the turn the first started
-as long as that turn has shown nothing (``queue.debounce_ms``).
+A typed line never waits, and a paste is one message: a message goes out the moment the
+input is at a line end and nothing more is readable. That is asked of the kernel, not a
+clock: after each read a 0-timeout ``poll`` says whether more is there (``O_NONBLOCK``
+would change the open file the shell and stdout share). A canonical-mode terminal hands
+a paste over one line per read, but all of it is buffered when the first line wakes us;
+a pipe hands over what was written at once. Only input that stops mid-line (a chunk
+boundary: typed lines end in Enter) or a burst over :data:`BIG_BURST_CHARS` (a terminal
+buffers 4 KiB, so a longer paste comes in pieces) waits :data:`PASTE_GRACE_S` for the
+rest. Bracketed-paste markers hold what is between them however slowly it comes. A paste
+still cut in two makes two messages, submitted in order, and the gateway folds the
+second into the turn the first started while it has shown nothing (``queue.debounce_ms``).
 """
 
 from __future__ import annotations
@@ -294,21 +289,19 @@ class ConsoleChannel:
     def _read_blocking(self, loop: asyncio.AbstractEventLoop) -> None:
         """The thread reader: chunks as large as the source gives at once; a short one
         means nothing more was there to read (what the 0-timeout poll says elsewhere)."""
-        read1 = getattr(getattr(self._in, "buffer", None), "read1", None)
+        read = getattr(getattr(self._in, "buffer", None), "read1", None) or self._read_text
         while True:
             try:
-                if read1 is not None:
-                    data = read1(READ_BYTES)
-                    settled = len(data) < READ_BYTES
-                else:
-                    text = self._in.read(READ_BYTES)
-                    data, settled = text.encode("utf-8", "replace"), len(text) < READ_BYTES
+                data = read(READ_BYTES)
             except (OSError, ValueError):
-                data, settled = b"", True
+                data = b""
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                loop.call_soon_threadsafe(self._feed, data, settled)
+                loop.call_soon_threadsafe(self._feed, data, len(data) < READ_BYTES)
             if not data:
                 return
+
+    def _read_text(self, size: int) -> bytes:
+        return self._in.read(size).encode("utf-8", "replace")
 
     def _feed(self, data: bytes, settled: bool) -> None:
         if self.closed.is_set():
@@ -337,7 +330,7 @@ class ConsoleChannel:
         if text.lower() in EXIT_WORDS:
             self._end("exit")
             return
-        self._last_submit = self._spawn(self._submit_after(self._last_submit, text))
+        self._last_submit = self._spawn(self._submit(text, after=self._last_submit))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
@@ -345,23 +338,14 @@ class ConsoleChannel:
         task.add_done_callback(self._pending.discard)
         return task
 
-    async def _submit_after(self, before: asyncio.Task[None] | None, text: str) -> None:
-        """Messages reach the gateway in the order they were typed: the pieces of a paste
-        cut in two must be queued first piece first to fold into one coherent turn."""
-        if before is not None and not before.done():
-            await asyncio.wait({before})
-        await self._submit(text)
-
-    async def _submit(self, text: str) -> None:
+    async def _submit(self, text: str, after: asyncio.Task[None] | None = None) -> None:
+        """``after``: the message typed before, so messages reach the gateway in order (the
+        pieces of a paste cut in two must be queued first piece first to fold into one turn)."""
         assert self._ctx is not None
-        req = RunRequest(
-            session_key=self.session_key(),
-            channel="console",
-            chat_id=CHAT_ID,
-            user_id=self._user,
-            user_name=self._user,
-            text=text,
-        )
+        if after is not None and not after.done():
+            await asyncio.wait({after})
+        req = RunRequest(session_key=self.session_key(), channel="console", chat_id=CHAT_ID,
+                         user_id=self._user, user_name=self._user, text=text)
         result = await self._ctx.submit(req)
         if result.status == "queued":
             self._awaiting = True
@@ -385,13 +369,10 @@ class ConsoleChannel:
         if self.busy() and not self._stopping:
             self._stopping = True
             self._screen.end_line()
-            self._spawn(self._submit_stop())
+            self._spawn(self._submit("/stopall"))
             return
         self._screen.end_line()
         self._end("interrupt")
-
-    async def _submit_stop(self) -> None:
-        await self._submit("/stopall")
 
     async def stop_runs(self, timeout_s: float = 0.8) -> None:
         """Before leaving: stop the run in progress, so it is neither finished nor retried later."""
