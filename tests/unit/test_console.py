@@ -16,15 +16,8 @@ from typing import Any, cast
 from agent.types import RunRequest
 from bot.session_keys import session_key
 from channels.base import ChannelContext, Scope, SubmitResult
-from channels.console import (
-    MAX_MESSAGE_CHARS,
-    PASTE_END,
-    PASTE_START,
-    ConsoleChannel,
-    ConsoleStream,
-    InputGatherer,
-    Screen,
-)
+from channels.console import ConsoleChannel, ConsoleStream, Screen
+from channels.console_input import MAX_MESSAGE_CHARS, PASTE_END, PASTE_START, InputGatherer
 
 # ---- the gatherer: when lines go out --------------------------------------------------
 
