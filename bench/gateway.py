@@ -202,8 +202,10 @@ def print_memory(r: dict[str, Any]) -> None:
     print(f"\nmemory: {r['sessions']} new sessions, one message each ({r['messages_per_s']} msg/s)")
     print(table(("sessions", "RSS MiB", "Redis used MiB"),
                 [(c["sessions"], c["rss_mib"], c["redis_used_mib"]) for c in r["checkpoints"]]))
-    print(f"RSS after: botd {r['rss_after_mib']} MiB + store {r['store_rss_after_mib']} MiB = "
-          f"{r['tree_rss_after_mib']} MiB")
+    print(f"RSS right after the last reply: botd {r['rss_right_after_mib']} MiB + store "
+          f"{r['store_rss_right_after_mib']} MiB")
+    print(f"RSS after, quiet for {r['settle_s']:g} s: botd {r['rss_after_mib']} MiB + store "
+          f"{r['store_rss_after_mib']} MiB = {r['tree_rss_after_mib']} MiB")
     print(f"RSS per session: {r['rss_bytes_per_session']} B overall, {r['rss_bytes_per_session_second_half']} B "
           f"over the second half; Redis per session: {r['redis_bytes_per_session']} B", flush=True)
 
