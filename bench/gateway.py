@@ -20,7 +20,8 @@ Parts (in this order, all in one daemon):
   request sent straight through ``LLMClient``, for reference; *to idle* adds what a run
   does after delivery (history append, usage, trace, inbox finish, lock release).
 * memory — LLM latency 0; ``--memory-sessions`` new chats get one message each (100 in
-  flight at a time); RSS after every tenth, and the Redis ``used_memory`` growth.
+  flight at a time); RSS after every tenth, right after the last reply and once the
+  daemon has been quiet for 3 s (the final figure), and the Redis ``used_memory`` growth.
 * concurrency — for each latency in ``--latency-ms``: ``--sessions`` chats at once,
   each sending ``--messages`` messages one after another (the next once the previous
   reply arrived). Completion time against the ideal (messages × latency), messages/s,
