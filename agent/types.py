@@ -92,6 +92,10 @@ class Attachment(BaseModel):
 class RunRequest(BaseModel):
     """One unit of work for the gateway: a chat message, a heartbeat or a cron fire."""
 
+    # Read from JSON on every hop through the store. Its values (run ids, session keys,
+    # chat ids) are new for every message or session: caching them, as pydantic does by
+    # default, fills its process-wide string cache (16,384 entries) for nothing.
+    model_config = ConfigDict(cache_strings="keys")
     run_id: str = Field(default_factory=new_id)
     session_key: str
     agent_id: str = "main"
@@ -124,6 +128,7 @@ class ToolCall(BaseModel):
 class Message(BaseModel):
     """A chat message in the OpenAI shape, plus ``is_error`` and ``reasoning``."""
 
+    model_config = ConfigDict(cache_strings="keys")  # like RunRequest: histories are read from JSON
     role: Role
     content: str | None = None
     tool_calls: list[ToolCall] | None = None

@@ -20,7 +20,8 @@ Parts (in this order, all in one daemon):
   request sent straight through ``LLMClient``, for reference; *to idle* adds what a run
   does after delivery (history append, usage, trace, inbox finish, lock release).
 * memory — LLM latency 0; ``--memory-sessions`` new chats get one message each (100 in
-  flight at a time); RSS after every tenth, and the Redis ``used_memory`` growth.
+  flight at a time); RSS after every tenth, right after the last reply and once the
+  daemon has been quiet for 3 s (the final figure), and the Redis ``used_memory`` growth.
 * concurrency — for each latency in ``--latency-ms``: ``--sessions`` chats at once,
   each sending ``--messages`` messages one after another (the next once the previous
   reply arrived). Completion time against the ideal (messages × latency), messages/s,
@@ -202,8 +203,10 @@ def print_memory(r: dict[str, Any]) -> None:
     print(f"\nmemory: {r['sessions']} new sessions, one message each ({r['messages_per_s']} msg/s)")
     print(table(("sessions", "RSS MiB", "Redis used MiB"),
                 [(c["sessions"], c["rss_mib"], c["redis_used_mib"]) for c in r["checkpoints"]]))
-    print(f"RSS after: botd {r['rss_after_mib']} MiB + store {r['store_rss_after_mib']} MiB = "
-          f"{r['tree_rss_after_mib']} MiB")
+    print(f"RSS right after the last reply: botd {r['rss_right_after_mib']} MiB + store "
+          f"{r['store_rss_right_after_mib']} MiB")
+    print(f"RSS after, quiet for {r['settle_s']:g} s: botd {r['rss_after_mib']} MiB + store "
+          f"{r['store_rss_after_mib']} MiB = {r['tree_rss_after_mib']} MiB")
     print(f"RSS per session: {r['rss_bytes_per_session']} B overall, {r['rss_bytes_per_session_second_half']} B "
           f"over the second half; Redis per session: {r['redis_bytes_per_session']} B", flush=True)
 

@@ -12,8 +12,12 @@ from typing import Any
 from bench.common import child_pid, mib, rss_bytes
 from bench.gateway_rig import TEXT, Bench
 
+# The final reading waits this long after the last reply: what a quiet daemon keeps, after
+# the housekeeping that follows a burst (bot.heap checks every 2 s).
+SETTLE_S = 3.0
 
-async def part_memory(b: Bench, sessions: int, in_flight: int = 100) -> dict[str, Any]:
+
+async def part_memory(b: Bench, sessions: int, in_flight: int = 100, settle_s: float = SETTLE_S) -> dict[str, Any]:
     await b.fake_config(0)
     b.channel.keep = False
     gc.collect()
@@ -39,8 +43,10 @@ async def part_memory(b: Bench, sessions: int, in_flight: int = 100) -> dict[str
         )
     elapsed = time.perf_counter() - started
     b.channel.keep = True
-    rss1, redis1 = rss_bytes(), await b.valkey_used_memory()
     valkey = child_pid("valkey-server") or child_pid("redis-server")
+    rss_busy, store_busy = rss_bytes(), rss_bytes(valkey) if valkey else 0
+    await asyncio.sleep(settle_s)
+    rss1, redis1 = rss_bytes(), await b.valkey_used_memory()
     store_rss = rss_bytes(valkey) if valkey else 0
     # Slope over the second half: after warm-up effects (pools, caches) have settled.
     half = checkpoints[len(checkpoints) // 2]
@@ -52,6 +58,9 @@ async def part_memory(b: Bench, sessions: int, in_flight: int = 100) -> dict[str
         "seconds": round(elapsed, 2),
         "messages_per_s": round(sessions / elapsed, 1),
         "rss_before_mib": mib(rss0),
+        "rss_right_after_mib": mib(rss_busy),
+        "store_rss_right_after_mib": mib(store_busy),
+        "settle_s": settle_s,
         "rss_after_mib": mib(rss1),
         # The whole botd tree: this process and the embedded store (0 for an outside Redis).
         "store_rss_after_mib": mib(store_rss),

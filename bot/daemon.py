@@ -15,6 +15,7 @@ from agent.llm_types import ChatModel
 from bot import __version__, metrics
 from bot.app import App, build_channels, build_model, check_config
 from bot.config import BotdConfig
+from bot.heap import HeapTrimmer
 from bot.http_server import HttpServer
 from bot.logs import redact_text
 from bot.loop_lag import LoopLagMonitor
@@ -63,6 +64,7 @@ class Daemon:
         self.app: App | None = None
         self.http: HttpServer | None = None
         self._lag = LoopLagMonitor()
+        self._heap = HeapTrimmer()
         self._stop = asyncio.Event()
         self._started_channels: list[ChannelAdapter] = []
         self._beacon: ReplicaBeacon | None = None
@@ -101,6 +103,7 @@ class Daemon:
         if self._with_scheduler:
             await app.scheduler.start()
         self._lag.start()
+        self._heap.start()
         self._beacon = ReplicaBeacon(self.store.client, self.store.keys, app.replica, self._identity(), self._state,
                                      on_beat=lambda ok: metrics.REDIS_UP.set(1 if ok else 0))
         await self._beacon.start()
@@ -165,6 +168,7 @@ class Daemon:
         if self.http is not None:
             await self.http.stop()
         await self._lag.stop()
+        self._heap.stop()
         if app is not None:
             await app.broadcast.close()
             with contextlib.suppress(Exception):

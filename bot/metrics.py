@@ -44,3 +44,8 @@ def active_runs() -> int:
     """The ``botd_active_runs`` gauge's value, read from the gauge alone (collecting the
     whole registry to find one sample walks every histogram bucket)."""
     return int(sum(sample.value for metric in ACTIVE_RUNS.collect() for sample in metric.samples))
+
+
+def runs_finished() -> float:
+    """How many runs this replica finished so far, every status and kind together."""
+    return sum(sample.value for metric in RUNS.collect() for sample in metric.samples if sample.name.endswith("_total"))

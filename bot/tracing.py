@@ -1,4 +1,4 @@
-"""Per-run traces: one span per LLM call and per tool call, kept in Redis (capped).
+"""Per-run traces: one span per LLM call and per tool call, kept in Redis (the newest 1,000 runs, a week at most).
 
 ``TracingModel`` wraps the chat model so every call becomes a span and a metric.
 
@@ -28,7 +28,9 @@ log = structlog.get_logger(__name__)
 
 VERBOSE_LIMIT = 50_000
 _TTL_S = 7 * 24 * 3600
-_INDEX_CAP = 1000
+# The traces kept: the newest runs' (each for a week at most). Older ones are deleted as
+# they fall off the index, so the store holds a bounded number however busy the daemon is.
+TRACES_KEPT = 1000
 FLUSH_AFTER_S = 0.25
 
 
@@ -98,7 +100,7 @@ class TraceStore:
 
     async def save(self, trace: Trace) -> None:
         self._pending[trace.run_id] = trace  # a later save of the same run replaces it
-        if len(self._pending) > _INDEX_CAP:  # Redis has been failing for a while: keep the newest
+        if len(self._pending) > TRACES_KEPT:  # Redis has been failing for a while: keep the newest
             del self._pending[next(iter(self._pending))]
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_soon(), name="trace-flush")
@@ -111,7 +113,9 @@ class TraceStore:
             log.warning("trace.save_failed", error=str(exc), traces=len(self._pending))
 
     async def flush(self) -> None:
-        """Write every queued trace now (one pipeline); on failure they stay queued."""
+        """Write every queued trace now (one pipeline); on failure they stay queued. The
+        traces pushed off the index in that step are deleted next (a process that dies in
+        between leaves them to their TTL)."""
         if not self._pending:
             return
         batch = list(self._pending.values())
@@ -121,11 +125,14 @@ class TraceStore:
             pipe.set(self._key(trace.run_id), trace.model_dump_json(exclude_defaults=True), ex=_TTL_S)
             pipe.lrem(index, 0, trace.run_id)
             pipe.lpush(index, trace.run_id)
-        pipe.ltrim(index, 0, _INDEX_CAP - 1)
-        await pipe.execute()
+        pipe.lrange(index, TRACES_KEPT, -1)  # read and trimmed in one step: exactly what is cut
+        pipe.ltrim(index, 0, TRACES_KEPT - 1)
+        *_, dropped, _ = await pipe.execute()
         for trace in batch:
             if self._pending.get(trace.run_id) is trace:
                 del self._pending[trace.run_id]
+        if dropped:
+            await self._r.delete(*(self._key(str(run_id)) for run_id in dropped))
 
     async def aclose(self) -> None:
         """Stop the background write and write what is still queued."""

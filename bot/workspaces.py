@@ -34,7 +34,9 @@ CHATS_DIR = "chats"
 SEED_FILES = ("USER.md",)
 MAX_SEED_BYTES = 1_048_576
 _UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
-_CACHE_SIZE = 1024
+# Sessions whose tool settings stay built: enough for every run slot with room to spare.
+# Each entry holds its paths; a session past it rebuilds its settings (a mkdir) on its next run.
+_CACHE_SIZE = 256
 
 
 def directory_name(channel: str, ident: str) -> str:

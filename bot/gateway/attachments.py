@@ -50,7 +50,7 @@ STALE_PART_S = 3600.0  # a .part file this old belongs to a download that died
 SWEEP_EVERY_S = 3600.0
 # Inboxes remembered as swept within the hour; past it the longest-remembered is forgotten
 # (its next run sweeps again, a cheap scandir), so a daemon serving many sessions stays bounded.
-SWEPT_MEMO_MAX = 1024
+SWEPT_MEMO_MAX = 256
 _SAFE_EXT = re.compile(r"^\.[A-Za-z0-9]{1,10}$")
 _MIME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}/[A-Za-z0-9][A-Za-z0-9.+-]{0,127}$")
 _KIND_MIME = {"photo": "image/jpeg", "voice": "audio/ogg", "video_note": "video/mp4", "sticker": "image/webp"}

@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from agent.types import Message, RunResult, Usage
@@ -58,3 +59,25 @@ async def test_a_finished_batch_leaves_no_saved_result_behind(
         assert await bot.history()  # the run is recorded...
         results = [key async for key in bot.redis.scan_iter(match=bot.keys.result("*"))]
         assert results == []  # ...and the result a resumed attempt would have used is gone
+
+
+async def test_only_the_newest_traces_are_kept(
+    redis_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("bot.tracing.TRACES_KEPT", 3)
+    traces = TraceStore(redis_client, redis_prefix)
+    for i in range(4):
+        await traces.save(Trace(run_id=f"old-{i}", session_key="s", kind="chat", channel="test"))
+    await traces.flush()  # one flush pushing past the cap
+    for i in range(2):
+        await traces.save(Trace(run_id=f"new-{i}", session_key="s", kind="chat", channel="test"))
+    await traces.flush()
+    await traces.save(Trace(run_id="old-3", session_key="s", kind="chat", channel="test", status="completed"))
+    await traces.flush()  # saved again: the newest once more, not counted twice
+    fresh = TraceStore(redis_client, redis_prefix)
+    assert await fresh.recent() == ["old-3", "new-1", "new-0"]
+    for gone in ("old-0", "old-1", "old-2"):
+        assert await fresh.load(gone) is None
+        assert not await redis_client.exists(Keys(redis_prefix).trace(gone))  # the store does not keep it
+    loaded = await fresh.load("old-3")
+    assert loaded is not None and loaded.status == "completed"

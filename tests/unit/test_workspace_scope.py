@@ -108,3 +108,17 @@ def test_seeding_follows_no_link(root: Path, tmp_path: Path) -> None:
     (root / "USER.md").symlink_to(elsewhere)  # a linked template is not copied into sessions
     SessionWorkspaces(ToolSettings(workspace=root), "user").settings_for(dm("erin"))
     assert not (root / "users" / "test-erin" / "USER.md").exists()
+
+
+def test_settings_are_kept_for_a_bounded_number_of_sessions(root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("bot.workspaces._CACHE_SIZE", 3)
+    base = ToolSettings(workspace=root, allowed_paths=(root,), denied_paths=(root / ".botd",))
+    spaces = SessionWorkspaces(base, "user")
+    first = spaces.settings_for(dm("u0"))
+    for i in range(1, 6):
+        spaces.settings_for(dm(f"u{i}"))
+    assert len(spaces._cache) == 3  # the daemon's memory does not grow with the sessions it served
+    again = spaces.settings_for(dm("u0"))  # forgotten: rebuilt, the same as before
+    assert again is not first and again == first
+    assert spaces.settings_for(dm("u0")) is again  # and kept again
+    assert (root / "users" / "test-u0").is_dir()
