@@ -8,7 +8,7 @@ adapter never sees NO_REPLY or HEARTBEAT_OK text.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -67,12 +67,21 @@ class SessionKeyFn(Protocol):
     ) -> str: ...
 
 
+# One write of ``KeyValue.set_many``: key, value, TTL in seconds (None: no expiry).
+KeyWrite = tuple[str, str, float | None]
+
+
 class KeyValue(Protocol):
-    """The slice of the shared store an adapter may use (keys are namespaced by the daemon)."""
+    """The slice of the shared store an adapter may use (keys are namespaced by the daemon).
+
+    ``set_many`` sends several writes in one round trip; they are not atomic together
+    (each stands alone, as separate ``set`` calls would), only cheaper.
+    """
 
     async def set_nx(self, key: str, value: str, ttl_s: float) -> bool: ...
     async def get(self, key: str) -> str | None: ...
     async def set(self, key: str, value: str, ttl_s: float | None = None) -> None: ...
+    async def set_many(self, writes: Sequence[KeyWrite]) -> None: ...
     async def delete(self, key: str) -> None: ...
     async def extend_if_owner(self, key: str, value: str, ttl_s: float) -> bool: ...
 
