@@ -27,8 +27,8 @@ from typing import Any
 
 import structlog
 
-from channels.base import KeyValue, Target
-from channels.preview_memory import PreviewMemory
+from channels.base import Target
+from channels.preview_memory import PreviewBook, PreviewMemory
 from channels.slack.api import SlackApi, SlackCallError
 
 log = structlog.get_logger(__name__)
@@ -49,7 +49,7 @@ class SlackReplyStream:
         format_preview: PreviewFormatter,
         interval_s: float = 1.0,
         clock: Clock = time.monotonic,
-        kv: KeyValue | None = None,
+        memory: PreviewMemory | None = None,
     ) -> None:
         self._api = api
         self._target = target
@@ -68,7 +68,7 @@ class SlackReplyStream:
         self._delivered: dict[int, str] = {}
         self._previews_over = False
         self.previews_failed = False  # a preview call failed: the answer is posted anew
-        self._memory = PreviewMemory(kv, "slack", run_id, target.chat_id)
+        self._memory = memory or PreviewBook(None, "slack").memory(run_id, target.chat_id)  # None: no record
         self._reacted = False
         self._closed = False
 

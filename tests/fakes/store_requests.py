@@ -36,3 +36,23 @@ class StoreRequests:
         """The requests whose bytes contain ``fragment`` (a key, or a part of one)."""
         needle = fragment.encode()
         return [r for r in self.sent if needle in r]
+
+    def commands(self, fragment: str) -> list[str]:
+        """The command names (upper case) of the requests touching ``fragment``, in order;
+        a pipeline's commands joined by "+" (e.g. "SET+SET")."""
+        return ["+".join(_names(r)) for r in self.touching(fragment)]
+
+
+def _names(request: bytes) -> list[str]:
+    """The command names in a RESP request: the first bulk string of each array."""
+    names, pos = [], 0
+    while pos < len(request):
+        end = request.index(b"\r\n", pos)
+        count, pos = int(request[pos + 1 : end]), end + 2  # "*<count>"
+        for n in range(count):
+            end = request.index(b"\r\n", pos)
+            size = int(request[pos + 1 : end])  # "$<size>"
+            value, pos = request[end + 2 : end + 2 + size], end + 4 + size
+            if n == 0:
+                names.append(value.decode(errors="replace").upper())
+    return names

@@ -13,10 +13,12 @@ import redis.asyncio as aioredis
 from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.base import Target
+from channels.preview_memory import PreviewBook
 from channels.slack.api import SlackApi
 from channels.slack.format import preview_part
 from channels.slack.stream import SlackReplyStream
 from tests.fakes.slack_server import CHAOS_KINDS, FakeSlack
+from tests.fakes.store_requests import StoreRequests
 from tests.fakes.telegram_context import RedisKV
 
 pytestmark = pytest.mark.timeout(60)
@@ -42,8 +44,12 @@ def kv(redis_client: aioredis.Redis, redis_prefix: str) -> RedisKV:
     return RedisKV(redis_client, redis_prefix)
 
 
-def open_stream(api: SlackApi, kv: RedisKV, run_id: str) -> SlackReplyStream:
-    return SlackReplyStream(api, TARGET, run_id, format_preview=preview_part, interval_s=0.2, kv=kv)
+def open_stream(
+    api: SlackApi, kv: RedisKV, run_id: str, *, book: PreviewBook | None = None, resumed: bool = True
+) -> SlackReplyStream:
+    """A stream as the channel opens it; without ``book`` one of its own (as if on another replica)."""
+    memory = (book or PreviewBook(kv, "slack")).memory(run_id, TARGET.chat_id, resumed=resumed)
+    return SlackReplyStream(api, TARGET, run_id, format_preview=preview_part, interval_s=0.2, memory=memory)
 
 
 def conversation(fake: FakeSlack) -> list[str]:
@@ -143,6 +149,36 @@ async def test_a_retried_run_that_ends_silent_deletes_the_dead_attempts_placehol
     await retried.discard()
     await retried.close()
     assert conversation(fake) == []
+
+
+async def test_a_first_attempt_never_looks_for_a_placeholder_left_behind(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = StoreRequests(monkeypatch)
+    stream = open_stream(api, kv, "run-first", resumed=False)
+    await stream.preview("draft one")
+    await fake.wait_calls("chat.postMessage")
+    await asyncio.sleep(0.3)  # the placeholder's ts is stored while the answer is still being written
+    await stream.deliver(0, "Final answer")
+    await stream.close()
+    assert conversation(fake) == ["Final answer"]
+    assert requests.commands(":preview:run-first") == ["SET", "DEL"]  # stored and cleared, never looked up
+
+
+async def test_a_restart_after_a_resumed_pass_that_never_looked_still_takes_over_the_dead_placeholder(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV
+) -> None:
+    dead = open_stream(api, kv, "run-fold")
+    await dead.preview("half of the ans")
+    await fake.wait_calls("chat.postMessage")
+    await asyncio.sleep(0.3)  # the attempt stored the placeholder's ts; then its replica died
+    book = PreviewBook(kv, "slack")
+    open_stream(api, kv, "run-fold", book=book, resumed=True)  # resumed; more messages came before it looked
+    folded = open_stream(api, kv, "run-fold", book=book, resumed=False)  # the restart with them
+    await folded.deliver(0, "The whole answer")
+    await folded.close()
+    assert conversation(fake) == ["The whole answer"]
+    assert len(fake.calls_to("chat.postMessage")) == 1
 
 
 async def test_failing_reactions_never_cost_the_reply(fake: FakeSlack, api: SlackApi, kv: RedisKV) -> None:
