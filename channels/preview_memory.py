@@ -86,6 +86,7 @@ class PreviewMemory:
         self._chat_id = chat_id
         self._resumed = resumed
         self._recalled = False
+        self._may_be_stored = False  # a record may be in the store: forget() has something to delete
 
     async def recall(self) -> str | None:
         """The message id an earlier attempt or pass left for this chat; asked once per stream,
@@ -98,10 +99,12 @@ class PreviewMemory:
                 raw = await self._kv.get(self._key)
             except Exception as exc:
                 log.warning("preview.lookup_failed", key=self._key, error=type(exc).__name__)
+                self._may_be_stored = True
                 return None
             self._book.read(self._run_id, raw)
         else:
             raw = self._book.carried(self._run_id)
+        self._may_be_stored = bool(raw)
         chat, _, message_id = (raw or "").rpartition(":")
         return message_id if chat == self._chat_id and message_id else None
 
@@ -110,6 +113,7 @@ class PreviewMemory:
             return
         value = f"{self._chat_id}:{message_id}"
         self._book.carry(self._run_id, value)  # this process knows it, whatever the store does
+        self._may_be_stored = True
         try:
             await self._kv.set(self._key, value, TTL_S)
         except Exception as exc:
@@ -118,10 +122,14 @@ class PreviewMemory:
         self._book.stored(self._run_id, value)
 
     async def forget(self) -> None:
-        if self._kv is None:
-            return
+        """The preview is gone or final; deletes the record when one may have been stored
+        (by this stream, or found by its recall)."""
         self._book.cleared(self._run_id)
+        if self._kv is None or not self._may_be_stored:
+            return
         try:
             await self._kv.delete(self._key)
         except Exception as exc:
             log.warning("preview.store_failed", key=self._key, error=type(exc).__name__)
+            return
+        self._may_be_stored = False

@@ -119,3 +119,21 @@ async def test_without_a_store_nothing_is_remembered() -> None:
     await memory.remember("1")
     assert await memory.recall() is None
     await memory.forget()
+
+
+async def test_forget_deletes_only_a_record_that_may_exist(kv: RedisKV, monkeypatch: pytest.MonkeyPatch) -> None:
+    requests = StoreRequests(monkeypatch)
+    book = PreviewBook(kv, "telegram")
+    never_stored = book.memory("run-11", "42", resumed=False)
+    assert await never_stored.recall() is None
+    await never_stored.forget()
+    assert requests.count == 0  # nothing was stored, nothing found: nothing to delete
+
+    class Flaky(RedisKV):
+        async def get(self, key: str) -> str | None:
+            raise ConnectionError("Redis is down")
+
+    unknown = PreviewBook(Flaky(kv.client, kv.prefix), "telegram").memory("run-12", "42", resumed=True)
+    assert await unknown.recall() is None
+    await unknown.forget()  # the lookup failed: a record may be there
+    assert requests.commands(":preview:run-12") == ["DEL"]

@@ -14,7 +14,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from channels.base import Target
 from channels.preview_memory import PreviewBook
-from channels.slack.api import SlackApi
+from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.format import preview_part
 from channels.slack.stream import SlackReplyStream
 from tests.fakes.slack_server import CHAOS_KINDS, FakeSlack
@@ -163,6 +163,41 @@ async def test_a_first_attempt_never_looks_for_a_placeholder_left_behind(
     await stream.close()
     assert conversation(fake) == ["Final answer"]
     assert requests.commands(":preview:run-first") == ["SET", "DEL"]  # stored and cleared, never looked up
+
+
+async def test_a_placeholder_the_waiting_answer_settles_at_once_is_not_recorded(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = StoreRequests(monkeypatch)
+    fake.hang("chat.postMessage", 0.3)
+    stream = open_stream(api, kv, "run-quick", resumed=False)
+    await stream.preview("Final")
+    await fake.wait_calls("chat.postMessage")  # the placeholder is on its way...
+    await stream.deliver(0, "Final answer")  # ...when the whole answer is there
+    await stream.close()
+    assert conversation(fake) == ["Final answer"]
+    assert len(fake.calls_to("chat.postMessage")) == 1  # the placeholder became the answer
+    assert requests.touching(":preview:") == []
+
+
+async def test_a_placeholder_that_outlives_a_failed_delivery_is_recorded_for_the_redelivery(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV
+) -> None:
+    fake.hang("chat.postMessage", 0.3)
+    stream = open_stream(api, kv, "run-outlives", resumed=False)
+    await stream.preview("Final")
+    await fake.wait_calls("chat.postMessage")
+    for method in ("chat.update", "chat.postMessage", "chat.delete"):  # Slack is down from here on
+        fake.chaos(method, 1.0, kinds=("500",))
+    with pytest.raises(SlackCallError):
+        await stream.deliver(0, "Final answer")
+    await stream.close()
+    fake.calm()
+    assert conversation(fake) == ["Final"]  # the placeholder is still there
+    redelivered = open_stream(api, kv, "run-outlives")  # what a redelivery opens, later
+    await redelivered.deliver(0, "Final answer")
+    await redelivered.close()
+    assert conversation(fake) == ["Final answer"]
 
 
 async def test_a_restart_after_a_resumed_pass_that_never_looked_still_takes_over_the_dead_placeholder(
