@@ -121,14 +121,18 @@ async def test_stop_after_a_failed_update_deletes_the_placeholder(
     assert conversation(fake) == []
 
 
+async def leave_a_placeholder(fake: FakeSlack, api: SlackApi, kv: RedisKV, run_id: str) -> None:
+    """An attempt shows a placeholder, stores its ts and dies (nothing closed or deleted)."""
+    stream = open_stream(api, kv, run_id)
+    await stream.preview("half of the ans")
+    await fake.wait_calls("chat.postMessage")
+    await asyncio.sleep(0.3)
+
+
 async def test_a_retried_run_finalizes_the_placeholder_of_the_attempt_that_died(
     fake: FakeSlack, api: SlackApi, kv: RedisKV
 ) -> None:
-    first = open_stream(api, kv, "run-crash")
-    await first.preview("half of the ans")
-    await fake.wait_calls("chat.postMessage")
-    await asyncio.sleep(0.3)
-    # The replica dies here; another attempt of the same run goes on.
+    await leave_a_placeholder(fake, api, kv, "run-crash")  # another attempt of the same run goes on
     retried = open_stream(api, kv, "run-crash")
     await retried.preview("half of the answer again")
     await asyncio.sleep(0.4)
@@ -141,10 +145,7 @@ async def test_a_retried_run_finalizes_the_placeholder_of_the_attempt_that_died(
 async def test_a_retried_run_that_ends_silent_deletes_the_dead_attempts_placeholder(
     fake: FakeSlack, api: SlackApi, kv: RedisKV
 ) -> None:
-    first = open_stream(api, kv, "run-crash-2")
-    await first.preview("half of the ans")
-    await fake.wait_calls("chat.postMessage")
-    await asyncio.sleep(0.3)
+    await leave_a_placeholder(fake, api, kv, "run-crash-2")
     retried = open_stream(api, kv, "run-crash-2")
     await retried.discard()
     await retried.close()
@@ -203,10 +204,7 @@ async def test_a_placeholder_that_outlives_a_failed_delivery_is_recorded_for_the
 async def test_a_restart_after_a_resumed_pass_that_never_looked_still_takes_over_the_dead_placeholder(
     fake: FakeSlack, api: SlackApi, kv: RedisKV
 ) -> None:
-    dead = open_stream(api, kv, "run-fold")
-    await dead.preview("half of the ans")
-    await fake.wait_calls("chat.postMessage")
-    await asyncio.sleep(0.3)  # the attempt stored the placeholder's ts; then its replica died
+    await leave_a_placeholder(fake, api, kv, "run-fold")
     book = PreviewBook(kv, "slack")
     open_stream(api, kv, "run-fold", book=book, resumed=True)  # resumed; more messages came before it looked
     folded = open_stream(api, kv, "run-fold", book=book, resumed=False)  # the restart with them
