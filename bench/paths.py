@@ -205,6 +205,9 @@ def print_table(report: dict[str, Any]) -> None:
             print(f"{name}: lone = to LLM p50 {lone['to_llm']['p50_ms']} ms + from LLM p50 "
                   f"{lone['from_llm']['p50_ms']} ms; store by command per message: "
                   + ", ".join(f"{k} {v:g}" for k, v in list(r["sequential"]["store_commands_by_name"].items())[:8]))
+            calls = r["sequential"].get("platform_calls_per_message") or {}
+            if calls:
+                print(f"{name}: platform calls per message: " + ", ".join(f"{k} {v:g}" for k, v in calls.items()))
         trouble = {k: v for k, v in (r.get("log_events") or {}).items() if "(" in k or "failed" in k}
         if trouble:
             print(f"{name}: log events: {trouble}")

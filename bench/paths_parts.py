@@ -37,6 +37,7 @@ class Readings:
     driver_s: float  # this process: the driver and the fake platform
     llm_s: float  # the fake model's process
     machine_s: float  # every core's busy time: what else ran meanwhile
+    platform: Counter[str]  # platform API calls so far, by method
 
 
 @dataclass
@@ -66,7 +67,7 @@ class Bench:
 
     async def readings(self) -> Readings:
         return Readings(tree_cpu(self.path.pid), await self.store.counters(), time.monotonic(), cpu_seconds(),
-                        proc_cpu(self.llm.pid), busy_cpu_seconds())
+                        proc_cpu(self.llm.pid), busy_cpu_seconds(), self.path.platform_calls())
 
     async def costs(self, start: Readings, messages: int) -> dict[str, Any]:
         """CPU and store use since ``start``, in total and per message; the CPU seconds of
@@ -84,9 +85,11 @@ class Bench:
             "machine_busy_cpu_s": round(end.machine_s - start.machine_s, 2),
             "cpu_ms_per_message": round((cpu1.ticks_s - cpu0.ticks_s) * 1000 / per, 2),
             "cpu_ms_per_message_exact": round((cpu1.exact_s - cpu0.exact_s) * 1000 / per, 2),
+            "store_cpu_ms_per_message": round((cpu1.store_exact_s - cpu0.store_exact_s) * 1000 / per, 2),
             "store_commands_per_message": round(commands / per, 2),
             "store_round_trips_per_message": round(trips / per, 2),
             "store_commands_by_name": {k: round(v / per, 2) for k, v in by_name.most_common()},
+            "platform_calls_per_message": {k: round(v / per, 2) for k, v in (end.platform - start.platform).most_common()},
         }
 
     async def settle(self, runs: int) -> bool:

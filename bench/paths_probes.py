@@ -31,6 +31,7 @@ class TreeCPU:
     ticks_s: float
     exact_s: float
     rss: int
+    store_exact_s: float = 0.0  # the embedded Valkey's share of exact_s
 
 
 def tree_pids(root: int) -> list[int]:
@@ -41,18 +42,21 @@ def tree_pids(root: int) -> list[int]:
 
 
 def tree_cpu(root: int) -> TreeCPU:
-    ticks = exact = 0.0
+    ticks = exact = store = 0.0
     rss = 0
     for pid in tree_pids(root):
         with contextlib.suppress(OSError, ValueError, IndexError):
             stat = Path(f"/proc/{pid}/stat").read_text()
+            is_store = "valkey" in stat[stat.index("(") + 1 : stat.rindex(")")]
             fields = stat[stat.rindex(")") + 2 :].split()
             ticks += sum(int(v) for v in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
             rss += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
             for task in os.scandir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError, ValueError):
-                    exact += int(Path(task.path, "schedstat").read_text().split()[0]) / 1e9
-    return TreeCPU(ticks, exact, rss)
+                    ran = int(Path(task.path, "schedstat").read_text().split()[0]) / 1e9
+                    exact += ran
+                    store += ran if is_store else 0.0
+    return TreeCPU(ticks, exact, rss, store)
 
 
 @dataclass(frozen=True)

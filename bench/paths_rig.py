@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path as FsPath
 from typing import Any
@@ -55,6 +56,10 @@ class Path:
         self.name, self.workspace, self.log_path, self.pid = name, workspace, log_path, pid
         self.handed: dict[str, float] = {}
         self.refusals = 0  # deliveries botd refused (and that were made again)
+
+    def platform_calls(self) -> Counter[str]:
+        """The platform API calls botd has made so far, by method (none for the console)."""
+        return Counter()
 
     def handed_at(self, mark: str) -> float | None:
         """When the message with ``mark`` was handed to botd (None: not yet, or unknown)."""
@@ -105,6 +110,9 @@ class TelegramPath(Path):
         super().__init__(name, workspace, log_path, pid)
         self.fake, self.url, self.http = fake, url, http
 
+    def platform_calls(self) -> Counter[str]:
+        return Counter(call.method for call in self.fake.calls)
+
     def handed_at(self, mark: str) -> float | None:
         if self.name == "telegram-polling":
             return self.fake.served.get(mark)  # handed when getUpdates serves it
@@ -138,6 +146,9 @@ class SlackPath(Path):
                  url: str, http: aiohttp.ClientSession, redeliver_s: float) -> None:
         super().__init__(name, workspace, log_path, pid)
         self.fake, self.url, self.http, self.redeliver_s = fake, url, http, redeliver_s
+
+    def platform_calls(self) -> Counter[str]:
+        return Counter(call.method for call in self.fake.calls)
 
     def expect(self, mark: str) -> asyncio.Future[float]:
         return self.fake.expect(mark)

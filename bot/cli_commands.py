@@ -12,7 +12,7 @@ from datetime import datetime
 from pathlib import Path
 
 from bot.config import BotdConfig
-from bot.daemon import Daemon
+from bot.daemon import Daemon, settle_collector
 from bot.store.connection import RedisHandle, open_redis
 from bot.store.sessions import SessionInfo
 from bot.tracing import TraceStore, render_trace
@@ -41,6 +41,7 @@ async def chat(cfg: BotdConfig, log_path: Path | None) -> int:
     console = ConsoleChannel()
     daemon = Daemon(cfg, channels={"console": console}, with_http=False, with_scheduler=False)
     await daemon.start()
+    settle_collector()
     grace_s: float | None = None
     try:
         await console.closed.wait()

@@ -1,11 +1,14 @@
 """The console channel (``botd chat``): a terminal conversation through the same gateway.
 
 The answer streams as the model writes it (the gateway's sanitized previews, printed as
-they grow) and a line shows each tool call starting and ending. Input never blocks the
-process: a reader on the stdin descriptor gathers what arrives, and lines that arrive
-together (a paste) become one message. Ctrl-C stops the current run at once; a second
-one, or one while nothing runs, ends the chat, as do ``/exit``, ``/quit`` and the end
-of input.
+they grow) and a line shows each tool call starting and ending. Ctrl-C stops the current
+run at once; a second one, or one while nothing runs, ends the chat, as do ``/exit``,
+``/quit`` and the end of input.
+
+A typed line never waits, and a paste is one message (:mod:`channels.console_input`):
+after each read a 0-timeout ``poll`` asks the kernel whether more is readable
+(``O_NONBLOCK`` would change the open file the shell and stdout share); messages go
+to the gateway in the order they were typed.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import codecs
 import contextlib
 import getpass
 import os
+import select
 import signal
 import sys
 import threading
@@ -23,13 +27,12 @@ from typing import Any, Literal, TextIO
 
 from agent.types import RunRequest
 from channels.base import ChannelContext, ReplyStream, Target
+from channels.console_input import InputGatherer
 
 CHAT_ID = "local"
 EXIT_WORDS = frozenset({"/exit", "/quit"})
-# Lines arriving within this window of each other are one message: a terminal delivers a
-# paste line by line, all at once, while a person pressing Enter twice is far slower.
-PASTE_WINDOW_S = 0.06
-PASTE_START, PASTE_END = "\x1b[200~", "\x1b[201~"
+READ_BYTES = 65536
+READS_PER_WAKE = 64  # then the event loop gets a turn; the next wake goes on with the burst
 BANNER = "botd chat — type a message; /help for commands; /exit, Ctrl-D or Ctrl-C to quit.\n"
 
 EndReason = Literal["eof", "exit", "interrupt"]
@@ -110,45 +113,6 @@ class ConsoleStream:
         self._state = "closed"
 
 
-class PasteGatherer:
-    """Turns what arrives on stdin into messages: complete lines that arrive within
-    :data:`PASTE_WINDOW_S` of each other (or inside bracketed-paste markers) are one."""
-
-    def __init__(self, emit: Callable[[str], None], window_s: float = PASTE_WINDOW_S) -> None:
-        self._emit = emit
-        self._window_s = window_s
-        self._buffer = ""
-        self._in_paste = False
-        self._timer: asyncio.TimerHandle | None = None
-
-    def feed(self, text: str) -> None:
-        if PASTE_START in text:
-            self._in_paste = True
-        if PASTE_END in text:
-            self._in_paste = False
-        self._buffer += text.replace(PASTE_START, "").replace(PASTE_END, "")
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if "\n" in self._buffer and not self._in_paste:
-            self._timer = asyncio.get_running_loop().call_later(self._window_s, self._flush_lines)
-
-    def _flush_lines(self) -> None:
-        self._timer = None
-        complete, _, rest = self._buffer.rpartition("\n")
-        self._buffer = rest
-        self._emit(complete)
-
-    def finish(self) -> None:
-        """End of input: whatever is left (a last line without Enter) is a message too."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-        if self._buffer:
-            text, self._buffer = self._buffer, ""
-            self._emit(text)
-
-
 class ConsoleChannel:
     name = "console"
 
@@ -165,10 +129,12 @@ class ConsoleChannel:
         self._user = user or _local_user()
         self._catch_interrupt = catch_interrupt
         self._ctx: ChannelContext | None = None
-        self._gatherer = PasteGatherer(self._on_message)
+        self._gatherer = InputGatherer(self._on_message)
         self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         self._reader_fd: int | None = None
+        self._poll = select.poll()
         self._pending: set[asyncio.Task[None]] = set()
+        self._last_submit: asyncio.Task[None] | None = None
         self._runs = 0  # replies started and not yet closed
         self._awaiting = False  # a message was accepted and its reply has not started
         self._stopping = False
@@ -186,6 +152,7 @@ class ConsoleChannel:
             fd = self._in.fileno()
             loop.add_reader(fd, self._on_readable, fd)
             self._reader_fd = fd
+            self._poll.register(fd, select.POLLIN)
         except (AttributeError, OSError, ValueError, PermissionError):
             # Not pollable (a regular file, an in-memory stream): a daemon thread reads it,
             # so a read still blocked at exit never keeps the process alive.
@@ -194,9 +161,7 @@ class ConsoleChannel:
 
     async def stop(self) -> None:
         loop = asyncio.get_running_loop()
-        if self._reader_fd is not None:
-            loop.remove_reader(self._reader_fd)
-            self._reader_fd = None
+        self._stop_reading()
         if self._catch_interrupt and threading.current_thread() is threading.main_thread():
             loop.remove_signal_handler(signal.SIGINT)
         for task in list(self._pending):
@@ -212,38 +177,59 @@ class ConsoleChannel:
     # ---- input -----------------------------------------------------------------------
 
     def _on_readable(self, fd: int) -> None:
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        self._feed(data)
+        for _ in range(READS_PER_WAKE):
+            if self._reader_fd != fd or self.closed.is_set():
+                return
+            try:
+                data = os.read(fd, READ_BYTES)
+            except BlockingIOError:
+                return  # woken for nothing (someone made the descriptor non-blocking)
+            except OSError:
+                data = b""
+            # An end of input, an error or a hang-up polls as readable too: the next read
+            # returns b"" and ends the chat.
+            more = bool(data) and bool(self._poll.poll(0))
+            self._feed(data, settled=not more)
+            if not more:
+                return
+        # Still readable after many reads (a huge paste, endless input): the next wake goes on.
 
     def _read_blocking(self, loop: asyncio.AbstractEventLoop) -> None:
+        """The thread reader: chunks as large as the source gives at once; a short one
+        means nothing more was there to read (what the 0-timeout poll says elsewhere)."""
+        read = getattr(getattr(self._in, "buffer", None), "read1", None) or self._read_text
         while True:
             try:
-                line = self._in.readline()
+                data = read(READ_BYTES)
             except (OSError, ValueError):
-                line = ""
+                data = b""
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                loop.call_soon_threadsafe(self._feed, line.encode("utf-8"))
-            if not line:
+                loop.call_soon_threadsafe(self._feed, data, len(data) < READ_BYTES)
+            if not data:
                 return
 
-    def _feed(self, data: bytes) -> None:
+    def _read_text(self, size: int) -> bytes:
+        return self._in.read(size).encode("utf-8", "replace")
+
+    def _feed(self, data: bytes, settled: bool) -> None:
         if self.closed.is_set():
             return
         if not data:
-            loop = asyncio.get_running_loop()
-            if self._reader_fd is not None:
-                loop.remove_reader(self._reader_fd)
-                self._reader_fd = None
+            self._stop_reading()
             self._gatherer.feed(self._decoder.decode(b"", final=True))
             self._gatherer.finish()
             self._end("eof")
             return
         self._gatherer.feed(self._decoder.decode(data))
+        if settled:
+            self._gatherer.settle()
+
+    def _stop_reading(self) -> None:
+        if self._reader_fd is not None:
+            asyncio.get_running_loop().remove_reader(self._reader_fd)
+            with contextlib.suppress(KeyError, ValueError):
+                self._poll.unregister(self._reader_fd)
+            self._reader_fd = None
 
     def _on_message(self, raw: str) -> None:
         text = raw.replace("\r\n", "\n").strip()
@@ -252,23 +238,22 @@ class ConsoleChannel:
         if text.lower() in EXIT_WORDS:
             self._end("exit")
             return
-        self._spawn(self._submit(text))
+        self._last_submit = self._spawn(self._submit(text, after=self._last_submit))
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         task = asyncio.get_running_loop().create_task(coro)
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+        return task
 
-    async def _submit(self, text: str) -> None:
+    async def _submit(self, text: str, after: asyncio.Task[None] | None = None) -> None:
+        """``after``: the message typed before, so messages reach the gateway in order (the
+        pieces of a paste cut in two must be queued first piece first to fold into one turn)."""
         assert self._ctx is not None
-        req = RunRequest(
-            session_key=self.session_key(),
-            channel="console",
-            chat_id=CHAT_ID,
-            user_id=self._user,
-            user_name=self._user,
-            text=text,
-        )
+        if after is not None and not after.done():
+            await asyncio.wait({after})
+        req = RunRequest(session_key=self.session_key(), channel="console", chat_id=CHAT_ID,
+                         user_id=self._user, user_name=self._user, text=text)
         result = await self._ctx.submit(req)
         if result.status == "queued":
             self._awaiting = True
@@ -292,13 +277,10 @@ class ConsoleChannel:
         if self.busy() and not self._stopping:
             self._stopping = True
             self._screen.end_line()
-            self._spawn(self._submit_stop())
+            self._spawn(self._submit("/stopall"))
             return
         self._screen.end_line()
         self._end("interrupt")
-
-    async def _submit_stop(self) -> None:
-        await self._submit("/stopall")
 
     async def stop_runs(self, timeout_s: float = 0.8) -> None:
         """Before leaving: stop the run in progress, so it is neither finished nor retried later."""

@@ -23,8 +23,9 @@ from bot.gateway.control import Command, ControlCommands, parse_command
 from bot.gateway.inbox import Deduper, Inbox, describe
 from bot.gateway.reply import DeliveryLedger, notify
 from bot.gateway.run import RunExecutor
+from bot.gateway.session_run import SessionRun
 from bot.gateway.signals import Broadcast, CancelSignals, OutcomeBoard
-from bot.gateway.worker import LockFactory, SessionRun, Workers
+from bot.gateway.worker import LockFactory, Workers
 from bot.store.keys import Keys
 from bot.store.locks import SessionLock
 from channels.base import ChannelAdapter, SubmitResult, Target

@@ -20,14 +20,15 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 from agent.types import RunRequest
 from bot.store.keys import Keys
-from bot.store.kv import queue_script
-from bot.store.owned import OwnedKeys, ttl_ms
+from bot.store.locks import Lease
+from bot.store.owned import OwnedKeys, queue_script, ttl_ms
 
 _ENQUEUE = """
 if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
@@ -55,8 +56,12 @@ return items
 """
 
 # A worker's next batch: what a previous holder left running (resumed), else everything
-# waiting; with the server's clock, the run's start as every replica sees it.
+# waiting; with the server's clock, the run's start as every replica sees it. With a lock
+# key (KEYS[3]), only while the lock holds the token ARGV[2] (queued after taking it).
 _CLAIM = """
+if KEYS[3] and redis.call('GET', KEYS[3]) ~= ARGV[2] then
+  return false
+end
 local now = redis.call('TIME')
 local running = redis.call('LRANGE', KEYS[2], 0, -1)
 if #running > 0 then
@@ -71,14 +76,22 @@ end
 return {0, items, now[1], now[2]}
 """
 
+# Forget the running batch (and its saved result, KEYS[4] unless ''); when nothing waits,
+# drop the session from pending and release its lock (KEYS[5], if it holds ARGV[2]) in the
+# same step, so a message arriving after it finds the lock free and is served anew.
+# 1: more waiting; 0: none; 2: none, and the lock was released.
 _FINISH = """
 redis.call('DEL', KEYS[1])
-if KEYS[4] then redis.call('DEL', KEYS[4]) end
-if redis.call('LLEN', KEYS[2]) == 0 then
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  return 0
+if KEYS[4] and KEYS[4] ~= '' then redis.call('DEL', KEYS[4]) end
+if redis.call('LLEN', KEYS[2]) > 0 then
+  return 1
 end
-return 1
+redis.call('ZREM', KEYS[3], ARGV[1])
+if KEYS[5] and redis.call('GET', KEYS[5]) == ARGV[2] then
+  redis.call('DEL', KEYS[5])
+  return 2
+end
+return 0
 """
 
 _KEEP_MS = 7 * 24 * 3600 * 1000
@@ -184,40 +197,51 @@ class Inbox:
 
     async def take(self, session_key: str) -> list[RunRequest]:
         """Move everything waiting into the running list and return it (oldest first)."""
-        raw = await self._take(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS])
-        return [RunRequest.model_validate_json(item) for item in raw or []]
+        return taken(await self._take(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS]))
 
     async def claim(self, session_key: str) -> Claim:
         """The batch to run next: the running batch a previous holder never finished
         (resumed), else everything waiting (moved to running). One step."""
-        resumed, raw, sec, usec = await self._claim(
-            keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS]
-        )
-        return Claim(
-            batch=[RunRequest.model_validate_json(item) for item in raw or []],
-            resumed=bool(resumed),
-            server_time=float(sec) + float(usec) / 1_000_000,
-        )
+        return _claim_of(await self._claim(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS]))
+
+    async def lock_and_claim(self, session_key: str, lock: Lease) -> Claim | None:
+        """Take the session's ``lock`` (without waiting) and :meth:`claim`, in one round
+        trip; None when another worker holds the lock."""
+        keys = [self._inbox(session_key), self._running(session_key), lock.key]
+        replies = await lock.acquire_then(lambda pipe, token: queue_script(pipe, self._claim, keys, [_KEEP_MS, token]))
+        return None if replies is None else _claim_of(replies[0])
 
     async def take_reading(self, session_key: str, other_key: str) -> tuple[list[RunRequest], str | bytes | None]:
         """``take``, and the value of ``other_key`` read in the same round trip."""
         pipe = self._r.pipeline(transaction=False)
         pipe.get(other_key)
-        queue_script(pipe, self._take, [self._inbox(session_key), self._running(session_key)], [_KEEP_MS])
+        self.queue_take(pipe, session_key)
         value, raw = await pipe.execute()
-        return [RunRequest.model_validate_json(item) for item in raw or []], value
+        return taken(raw), value
+
+    def queue_take(self, pipe: Pipeline, session_key: str) -> None:
+        """:meth:`take` queued on ``pipe``; read its reply with :func:`taken`."""
+        queue_script(pipe, self._take, [self._inbox(session_key), self._running(session_key)], [_KEEP_MS])
 
     async def running(self, session_key: str) -> list[RunRequest]:
         """Work a previous holder took but never finished (it died or lost its lock)."""
         raw = await self._r.lrange(self._running(session_key), 0, -1)
         return [RunRequest.model_validate_json(item) for item in raw]
 
-    async def finish(self, session_key: str, run_id: str | None = None) -> bool:
+    async def finish(self, session_key: str, run_id: str | None = None, *, lock: Lease | None = None) -> bool:
         """Forget the running batch, and with ``run_id`` the result it saved for a retry
-        (kept a week otherwise, for nothing); True when more messages are already waiting."""
-        keys = [self._running(session_key), self._inbox(session_key), self._pending]
-        more = await self._finish(keys=keys + ([self._keys.result(run_id)] if run_id else []), args=[session_key])
-        return bool(more)
+        (kept a week otherwise, for nothing); True when more messages are already waiting.
+        With the session's ``lock``, release it in the same step when none are (the lock
+        then reads as not held); else it stays held for the next batch."""
+        keys = [self._running(session_key), self._inbox(session_key), self._pending,
+                self._keys.result(run_id) if run_id else ""]
+        token = lock.token if lock is not None else None
+        if lock is not None and token is not None:
+            keys.append(lock.key)
+        state = await self._finish(keys=keys, args=[session_key, token or ""])
+        if state == 2 and lock is not None and lock.token == token:
+            lock.forget()
+        return state == 1
 
     async def peek(self, session_key: str) -> RunRequest | None:
         raw = await self._r.lindex(self._inbox(session_key), 0)
@@ -250,6 +274,20 @@ class Inbox:
         pipe.zcard(self._pending)
         keys, depth = await pipe.execute()
         return [str(k) for k in keys], int(depth)
+
+
+def taken(raw: list[str] | None) -> list[RunRequest]:
+    """The requests a take (or claim) moved to running, from the script's reply."""
+    return [RunRequest.model_validate_json(item) for item in raw or []]
+
+
+def _claim_of(reply: list[Any]) -> Claim:
+    resumed, raw, sec, usec = reply
+    return Claim(
+        batch=taken(raw),
+        resumed=bool(resumed),
+        server_time=float(sec) + float(usec) / 1_000_000,
+    )
 
 
 def describe(req: RunRequest, limit: int = 60) -> str:

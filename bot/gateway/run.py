@@ -51,6 +51,8 @@ from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
+    from redis.asyncio.client import Pipeline
+
     from bot.compactor import SessionCompactor
     from bot.gateway.approvals import Approvals
     from bot.gateway.redelivery import Redelivery
@@ -67,13 +69,17 @@ RETRY_REASONS = frozenset({"shutdown", "lock_lost", FOLD})
 
 
 class RunControl(Protocol):
-    """What a run asks of its owner (``worker.SessionRun``)."""
+    """What a run asks of its owner (``session_run.SessionRun``)."""
 
     resumed: bool  # a batch a previous attempt left unfinished (it may have saved its result)
 
     async def steer(self) -> list[RunRequest]:
         """Before every LLM call: messages to hand over now (raises when cancelled)."""
         ...
+
+    # The first steer's reads, queued on the run's first read of the store, and their replies.
+    def queue_steer(self, pipe: Pipeline) -> None: ...
+    def steer_ahead(self, replies: list[Any]) -> None: ...
 
     def acknowledge(self) -> str | None:
         """The run handles its cancellation: stop re-cancelling; returns the reason."""
@@ -128,6 +134,7 @@ class _Turn:
     reply: Reply
     bound: Any
     context: RunContext | None = None
+    settings: ToolSettings | None = None  # the tool settings of the session's directory, once known
 
     @property
     def profile(self) -> ModelProfile | None:
@@ -200,12 +207,15 @@ class RunExecutor:
         user_messages = await self._guarded(turn.batch, turn.channel, turn.target)
         if not user_messages:
             return RunOutcome(turn.run_id, "blocked", "none", "blocked by the input guard")
-        # One read for the run's start: history, summary, the session's model and usage.
-        loaded = await self.deps.sessions.context(turn.session_key)
+        # One read for the run's start: history, summary, the session's model and usage, and
+        # the first steer's stop check and take (the run is registered by now, so a stop
+        # after this read cancels it directly).
+        loaded, ahead = await self.deps.sessions.context_with(turn.session_key, control.queue_steer)
+        control.steer_ahead(ahead)
         profile = self.deps.catalog.profile(loaded.model) or self.deps.catalog.default
         turn.context = RunContext(
             self.deps.sessions, self.deps.compactor, turn.session_key, profile, self.deps.cfg.agent.history_turns,
-            settings=self._settings(turn.last), loaded=loaded,
+            settings=self._turn_settings(turn), loaded=loaded,
         )
         messages = await self._prepare(turn, user_messages, turn.context)
         model = TracingModel(self.deps.catalog.client(profile.id), turn.trace, profile.id)
@@ -231,7 +241,7 @@ class RunExecutor:
         if verbose():
             turn.trace.input = clip("\n\n".join(m.content or "" for m in user_messages))
         await self.attachments.sweep(turn.last)
-        workspace = self._settings(turn.last).workspace
+        workspace = self._turn_settings(turn).workspace
         system = system_prompt(self.deps.cfg, self.deps.tools, turn.last, workspace, context.profile.id)
         first, *rest = await context.request(user_messages, Message.system(system))
         # Images cost the most context: the oldest go first (their text stays), all of them
@@ -262,7 +272,7 @@ class RunExecutor:
         ctx = ToolContext(
             run_id=turn.run_id,
             session_key=turn.session_key,
-            settings=self._settings(last),
+            settings=self._turn_settings(turn),
             policy=last.tool_policy,
             chat={"channel": last.channel, "chat_id": last.chat_id, "thread_id": last.thread_id,
                   "user_id": last.user_id},
@@ -335,7 +345,7 @@ class RunExecutor:
             try:
                 await deps.compactor.maybe_compact(
                     session_key, model.last_prompt_tokens, turn.profile,
-                    settings=self._settings(turn.last), stored=stored,
+                    settings=self._turn_settings(turn), stored=stored,
                 )
             except Exception as exc:
                 turn.bound.warning("compaction.failed", error=str(exc))
@@ -372,6 +382,11 @@ class RunExecutor:
             price=profile.cost if profile is not None else None,
             rearm_warning=context is not None and context.rearm_warning,
         )
+
+    def _turn_settings(self, turn: _Turn) -> ToolSettings:  # _settings of the last message, once
+        if turn.settings is None:
+            turn.settings = self._settings(turn.last)
+        return turn.settings
 
     def _settings(self, req: RunRequest) -> ToolSettings:
         """The tool settings of ``req``'s session directory (``agent.workspace_scope``)."""

@@ -5,15 +5,14 @@ A worker runs only while it holds the session's Redis lock, so a session never h
 runs at once across replicas; different sessions run concurrently up to
 ``gateway.max_concurrent_runs`` per replica. A sweeper on every replica picks up
 sessions whose work nobody is serving (a replica died, or a message arrived while the
-last holder was releasing). Each run is a :class:`SessionRun`, which owns its
-cancellation (``/stop``, timeout, lost lock, shutdown) and its steering.
+last holder was releasing). Each run is a :class:`~bot.gateway.session_run.SessionRun`,
+which owns its cancellation and its steering.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -21,14 +20,15 @@ import redis.asyncio as aioredis
 import structlog
 from redis.exceptions import RedisError
 
-from agent.tasks import keep_cancelling, stop_task, uncancel_current
+from agent.tasks import stop_task, uncancel_current
 from agent.types import RunRequest
 from bot import metrics
 from bot.config import BotdConfig
-from bot.gateway.inbox import Inbox
+from bot.gateway.inbox import Claim, Inbox
 from bot.gateway.reply import DeliveryLedger, notify
 from bot.gateway.run import FOLD, RETRY_REASONS, RunExecutor, RunOutcome
-from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time, stopped_since_value
+from bot.gateway.session_run import SessionRun
+from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time
 from bot.store.keys import Keys
 from bot.store.locks import SessionLock
 from channels.base import ChannelAdapter, Target
@@ -46,105 +46,6 @@ MAX_ATTEMPTS = 3
 MEDIA_GROUP_WAIT_S = 1.0
 
 LockFactory = Callable[[str, Callable[[], None]], SessionLock]
-
-
-class SessionRun:
-    """One run of a session on this replica: the task, why it is being cancelled, and
-    the steering the agent loop asks for before every LLM call."""
-
-    def __init__(
-        self,
-        task: asyncio.Task[Any],
-        *,
-        started_at: float,
-        run_id: str,
-        session_key: str,
-        inbox: Inbox,
-        signals: CancelSignals,
-        steer_mode: bool,
-        fold_window_s: float = 0.0,
-        resumed: bool = False,
-    ) -> None:
-        self.task = task
-        self.resumed = resumed  # a batch a previous attempt left: it may have a saved result
-        self.started_at = started_at
-        self.run_id = run_id
-        self.session_key = session_key
-        self.reason: str | None = None
-        self._inbox = inbox
-        self._signals = signals
-        self._steer_mode = steer_mode
-        self._acknowledged = False  # the run has seen its cancellation and is cleaning up
-        self._nudger: asyncio.Task[None] | None = None
-        # Until output starts, a message arriving within the window restarts the run with it.
-        self._fold_window_s = fold_window_s
-        self._fold_until = time.monotonic() + fold_window_s
-        self._output_started = False
-
-    def cancel(self, reason: str) -> None:
-        """Cancel the run (the first reason wins) and keep cancelling until it notices."""
-        if self.task.done() or self._acknowledged:
-            return
-        self.reason = self.reason or reason
-        log.info("run.cancelling", session_key=self.session_key, run_id=self.run_id, reason=reason)
-        self.task.cancel()
-        if self._nudger is None:
-            self._nudger = asyncio.create_task(
-                keep_cancelling(self.task, until=lambda: self._acknowledged), name="run-canceller"
-            )
-
-    def cancel_if_started_before(self, at: float, reason: str) -> None:
-        """A stop at ``at`` applies to this run only when the run had started by then."""
-        if self.started_at <= at and self.reason is None:
-            self.cancel(reason)
-
-    def fold(self) -> bool:
-        """A message for this session arrived: restart the run with it, if nothing has been
-        shown yet and it came within the burst window of the previous one. True if so."""
-        if self._output_started or self.reason is not None or self.task.done():
-            return False
-        now = time.monotonic()
-        if self._fold_window_s <= 0 or now > self._fold_until:
-            return False
-        self.cancel(FOLD)
-        return True
-
-    def output_started(self) -> None:
-        """Called by the run before it shows anything (text, a tool call, the answer):
-        from here on a new message is a new turn, never folded into this one."""
-        self._output_started = True
-        if self.reason is not None:
-            raise asyncio.CancelledError  # a pending cancellation must win over showing output
-
-    def shutdown(self) -> None:
-        """The replica is stopping: the batch stays queued for a retry elsewhere."""
-        self.reason = "shutdown"
-        self.task.cancel()
-
-    def acknowledge(self) -> str | None:
-        """Called by the run when it handles its cancellation: stop re-cancelling it."""
-        self._acknowledged = True
-        return self.reason
-
-    async def steer(self) -> list[RunRequest]:
-        """Called before every LLM call: notice a missed /stop, hand over steered messages."""
-        taken: list[RunRequest] = []
-        if self._steer_mode:  # the stop check and the take in one round trip
-            taken, raw = await self._inbox.take_reading(self.session_key, self._signals.key(self.session_key))
-            stopped = stopped_since_value(raw, self.started_at)
-        else:
-            stopped = await self._signals.stopped_since(self.session_key, self.started_at)
-        if self.reason is None and stopped:
-            self.cancel("stopped")
-            await asyncio.sleep(0)  # takes the cancellation just requested of this very task
-        if self.reason is not None:
-            # A cancellation may have been swallowed by a Redis call above: honour it here.
-            raise asyncio.CancelledError
-        return taken
-
-    def close(self) -> None:
-        if self._nudger is not None:
-            self._nudger.cancel()
 
 
 class Workers:
@@ -240,19 +141,24 @@ class Workers:
         waiting = False
         try:
             async with self._slots:
+                if self._closing:  # stopping while this worker waited for a slot: take nothing
+                    return
                 lock = self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
-                if not await lock.acquire(wait=False):
+                claim = await self._inbox.lock_and_claim(session_key, lock)
+                if claim is None:
                     return
                 held = True
                 try:
-                    await self._drain(session_key, lock)
+                    await self._drain(session_key, lock, claim)
                 finally:
-                    # Released together with a look at the inbox: a message that arrived
-                    # meanwhile (its submitter saw the lock held) is served again below.
-                    waiting = True
+                    # Released together with a look at the inbox (by the last finish, or
+                    # here): a message that arrived meanwhile (its submitter saw the lock
+                    # held) is served again below.
                     self._rekick.discard(session_key)  # a kick before the release is seen by it
-                    with contextlib.suppress(Exception):
-                        waiting = await asyncio.shield(lock.release_and_check())
+                    if lock.token is not None:
+                        waiting = True
+                        with contextlib.suppress(Exception):
+                            waiting = await asyncio.shield(lock.release_and_check())
         except RedisError as exc:
             log.warning("worker.store_error", session_key=session_key, error=str(exc))
             return
@@ -263,7 +169,7 @@ class Workers:
         if held and not self._closing and (waiting or rekick):
             self.kick(session_key)
 
-    async def _drain(self, session_key: str, lock: SessionLock) -> None:
+    async def _drain(self, session_key: str, lock: SessionLock, claim: Claim) -> None:
         """Run the session's batches while holding its lock.
 
         A batch starts at once; messages that arrive before it shows anything are folded
@@ -271,18 +177,18 @@ class Workers:
         run only notices a lost lock while it is registered as active; between runs this
         check does it), and after a batch when other sessions wait for a run slot, so one
         busy chat cannot keep a slot forever: the worker then goes to the back of the queue.
+        ``claim`` is the first batch, taken with the lock; the last finish releases it.
         """
         while not self._closing:
             if not lock.is_held:
                 log.warning("worker.lock_lost_between_runs", session_key=session_key)
                 return
-            claim = await self._inbox.claim(session_key)
             batch, started_at = claim.batch, claim.server_time
             if claim.resumed:
                 batch = await self._retry_guard(session_key, batch)
                 started_at = await server_time(self._r)
             if not batch:
-                await self._inbox.finish(session_key)
+                await self._inbox.finish(session_key, lock=lock)
                 return
             outcome = await self._run(session_key, batch, lock, started_at, resumed=claim.resumed)
             while outcome == FOLD:
@@ -291,10 +197,11 @@ class Workers:
                 outcome = await self._run(session_key, batch, lock, await server_time(self._r), resumed=False)
             if outcome is None:
                 return  # left for a retry (shutdown, lock lost, store error)
-            if not await self._inbox.finish(session_key, batch[0].run_id):
+            if not await self._inbox.finish(session_key, batch[0].run_id, lock=lock):
                 return
             if self._slots.locked():
                 return  # others are waiting for a slot; the re-kick in _serve requeues us
+            claim = await self._inbox.claim(session_key)
 
     async def _retry_guard(self, session_key: str, batch: list[RunRequest]) -> list[RunRequest]:
         """Resume a batch a previous holder left; give up on it after MAX_ATTEMPTS."""

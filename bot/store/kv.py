@@ -7,20 +7,11 @@ Channel adapters may not import ``bot``, so they get this object through their
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
-from redis.commands.core import AsyncScript
 
 from bot.store.keys import Keys
 from bot.store.owned import OwnedKeys, ttl_ms
-
-
-def queue_script(pipe: Pipeline, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> None:
-    """Queue ``script`` on ``pipe`` as an EVAL of its body: queued the usual way, redis-py
-    first asks the server ``SCRIPT EXISTS``, a second round trip for every such pipeline."""
-    pipe.eval(str(script.script), len(keys), *keys, *args)
 
 
 class RedisKeyValue:

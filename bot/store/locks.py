@@ -22,6 +22,7 @@ from typing import Any, TypedDict, Unpack
 
 import redis.asyncio as aioredis
 import structlog
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from agent.tasks import stop_task
@@ -104,19 +105,13 @@ class Lease:
         """Take the lease; with ``wait``, poll until free or ``timeout_s`` passes (None: no limit)."""
         if self._held:
             raise RuntimeError(f"lease {self.key} is already held by this object")
-        token = f"{self._owner}:{uuid.uuid4().hex}"
+        token = self._new_token()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         delay = min(0.05, self.ttl_s / 10)
         while True:
             sent = time.monotonic()
             if await self._owned.acquire(self.key, token, self.ttl_s):
-                self._token = token
-                self._held = True
-                self._valid_until = sent + self.ttl_s
-                self._lost.clear()
-                if self._auto_renew:
-                    # A timer, not a task: most holders release before the first renewal.
-                    self._renewal = asyncio.get_running_loop().call_later(self.ttl_s / 3, self._start_watch, token)
+                self._hold(token, sent)
                 return True
             if not wait:
                 return False
@@ -126,6 +121,53 @@ class Lease:
             pause = delay if deadline is None else min(delay, deadline - now)
             await asyncio.sleep(pause)
             delay = min(delay * 2, MAX_POLL_S)
+
+    async def acquire_then(self, queue: Callable[[Pipeline, str], None]) -> list[Any] | None:
+        """Take the lease without waiting and, in the same round trip, run what ``queue``
+        adds to a pipeline for the new token: the replies of those commands, or None when
+        the lease is held elsewhere. They run either way, so each must check that the key
+        holds the token (a script reading ``self.key``) before it changes anything."""
+        if self._held:
+            raise RuntimeError(f"lease {self.key} is already held by this object")
+        token = self._new_token()
+        pipe = self._client.pipeline(transaction=False)
+        self._owned.queue_acquire(pipe, self.key, token, self.ttl_s)
+        queue(pipe, token)
+        sent = time.monotonic()
+        taken, *replies = await pipe.execute()
+        if not taken:
+            return None
+        self._hold(token, sent)
+        return replies
+
+    def _new_token(self) -> str:
+        return f"{self._owner}:{uuid.uuid4().hex}"
+
+    def _hold(self, token: str, sent: float) -> None:
+        self._token = token
+        self._held = True
+        self._valid_until = sent + self.ttl_s
+        self._lost.clear()
+        if self._auto_renew:
+            # A timer, not a task: most holders release before the first renewal.
+            self._renewal = asyncio.get_running_loop().call_later(self.ttl_s / 3, self._start_watch, token)
+
+    def forget(self) -> None:
+        """A script of the holder's deleted the key (owner-checked, with other work in one
+        step): stop renewing, as :meth:`release` would, without a round trip of its own."""
+        watchdog, _ = self._let_go()
+        if watchdog is not None:
+            watchdog.cancel()
+
+    def _let_go(self) -> tuple[asyncio.Task[None] | None, str | None]:
+        """Stop the renewal timer and mark the lease free; the watchdog and token it had."""
+        if self._renewal is not None:
+            self._renewal.cancel()
+            self._renewal = None
+        watchdog, self._watchdog = self._watchdog, None
+        self._held = False
+        token, self._token = self._token, None
+        return watchdog, token
 
     async def release(self) -> bool:
         """Stop renewing and delete the key if still ours. True when it was deleted.
@@ -139,13 +181,8 @@ class Lease:
     async def _release_with(self, release: Callable[[str], Awaitable[Any]]) -> Any:
         """Stop the watchdog and ``release`` with our token (an owner-checked delete);
         its reply, or None when there was nothing to release or it failed."""
-        if self._renewal is not None:
-            self._renewal.cancel()
-            self._renewal = None
-        watchdog, self._watchdog = self._watchdog, None
+        watchdog, token = self._let_go()
         await stop_task(watchdog)
-        self._held = False
-        token, self._token = self._token, None
         if token is None:
             return None
         try:

@@ -2,7 +2,8 @@
 
 Leases (locks.py), the adapters' key-value space (kv.py), the gateway's dedupe marks and
 the scheduler's running markers rest on the same compare-and-set Lua scripts, so they are
-written here once. The scheduler may not import ``bot``: it receives :class:`OwnedKeys`
+written here once, with the two helpers every Lua user of the store shares
+(:func:`shared_script`, :func:`queue_script`). The scheduler may not import ``bot``: it receives :class:`OwnedKeys`
 through its port (``scheduler.ports.OwnedKeys``).
 """
 
@@ -10,8 +11,11 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Sequence
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.commands.core import AsyncScript
 
 # Take the key if free; also succeeds (and refreshes the TTL) when it already holds our
@@ -66,6 +70,12 @@ def shared_script(client: aioredis.Redis, body: str) -> AsyncScript:
     return script
 
 
+def queue_script(pipe: Pipeline, script: AsyncScript, keys: Sequence[str], args: Sequence[Any]) -> None:
+    """Queue ``script`` on ``pipe`` as an EVAL of its body: queued the usual way, redis-py
+    first asks the server ``SCRIPT EXISTS``, a second round trip for every such pipeline."""
+    pipe.eval(str(script.script), len(keys), *keys, *args)
+
+
 class OwnedKeys:
     """The three owner-checked operations on full key names (callers build them with ``Keys``)."""
 
@@ -77,6 +87,10 @@ class OwnedKeys:
     async def acquire(self, key: str, token: str, ttl_s: float) -> bool:
         """Set ``key`` to ``token`` for ``ttl_s`` unless another token holds it."""
         return bool(await self._acquire(keys=[key], args=[token, ttl_ms(ttl_s)]))
+
+    def queue_acquire(self, pipe: Pipeline, key: str, token: str, ttl_s: float) -> None:
+        """:meth:`acquire` queued on ``pipe`` (its reply: 1 when taken)."""
+        queue_script(pipe, self._acquire, [key], [token, ttl_ms(ttl_s)])
 
     async def extend_if_owner(self, key: str, token: str, ttl_s: float) -> bool:
         """Renew the TTL while ``key`` still holds ``token``; False when it is gone or taken."""

@@ -19,11 +19,12 @@ from typing import Any
 import redis.asyncio as aioredis
 import structlog
 from pydantic import BaseModel, Field, ValidationError
+from redis.asyncio.client import Pipeline
 
 from agent.types import Message
 from bot.store import session_scripts
 from bot.store.keys import Keys
-from bot.store.kv import queue_script
+from bot.store.owned import queue_script
 
 log = structlog.get_logger(__name__)
 
@@ -134,18 +135,26 @@ class SessionStore:
 
     async def context(self, session_key: str) -> SessionContext:
         """History, summary and meta, what a run's start needs, in one round trip."""
+        return (await self.context_with(session_key, None))[0]
+
+    async def context_with(
+        self, session_key: str, also: Callable[[Pipeline], None] | None
+    ) -> tuple[SessionContext, list[Any]]:
+        """:meth:`context`, and in the same round trip what ``also`` queues (its replies)."""
         pipe = self._client.pipeline(transaction=False)
         pipe.lrange(self._keys.session_messages(session_key), 0, -1)
         pipe.get(self._keys.session_summary(session_key))
         pipe.hgetall(self._keys.session_meta(session_key))
-        raw, summary, meta = await pipe.execute()
+        if also is not None:
+            also(pipe)
+        raw, summary, meta, *more = await pipe.execute()
         return SessionContext(
             messages=_decode_all(session_key, raw),
             summary=str(summary) if summary is not None else None,
             model=str(meta["model"]) if meta.get("model") else None,
             usage=_usage_of(meta),
             context_warned=bool(meta.get("context_warned")),
-        )
+        ), more
 
     async def record_run(
         self,
@@ -354,12 +363,8 @@ def _decode_all(session_key: str, raw: Sequence[str | bytes]) -> list[Message]:
         try:
             out.append(Message.model_validate_json(item))
         except ValidationError as exc:
-            log.warning(
-                "store.session.unreadable_message",
-                session_key=session_key,
-                position=position,
-                error=str(exc).splitlines()[0],
-            )
+            log.warning("store.session.unreadable_message", session_key=session_key, position=position,
+                        error=str(exc).splitlines()[0])
     return out
 
 
@@ -380,16 +385,12 @@ def _float(value: Any) -> float | None:
 
 
 def _info_of(session_key: str, count: int, meta: Mapping[Any, Any], has_summary: bool) -> SessionInfo:
-    def number(name: str) -> float | None:
-        value = meta.get(name)
-        return float(value) if value is not None else None
-
     return SessionInfo(
         session_key=session_key,
         exists=bool(meta) or count > 0,
         message_count=count,
-        created_at=number("created_at"),
-        last_activity=number("last_activity"),
+        created_at=_float(meta.get("created_at")),
+        last_activity=_float(meta.get("last_activity")),
         summary_present=has_summary,
         compactions=int(meta.get("compactions", 0)),
         resets=int(meta.get("resets", 0)),

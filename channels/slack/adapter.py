@@ -329,6 +329,7 @@ class SlackChannel:
     def open_stream(self, target: Target, run_id: str, *, resumed: bool = True) -> SlackReplyStream:
         return SlackReplyStream(
             self.api, target, run_id, format_preview=preview_part, interval_s=self.settings.preview_interval_s,
+            first_preview_delay_s=self.settings.first_preview_delay_s,
             memory=self._previews.memory(run_id, target.chat_id, resumed=resumed),
         )
 

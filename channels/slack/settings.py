@@ -27,6 +27,7 @@ class SlackSettings:
     require_mention: bool = True
     # Beyond the config contract: tuning with safe defaults.
     preview_interval_s: float = 1.0
+    first_preview_delay_s: float = 0.5  # an answer complete sooner is posted once, without a placeholder
     api_max_retries: int = 3
     api_timeout_s: float = 30.0
     connect_timeout_s: float = 10.0
@@ -45,6 +46,8 @@ class SlackSettings:
             raise ValueError("slack: app_token is required in socket mode")
         if self.mode == "http" and not self.signing_secret:
             raise ValueError("slack: signing_secret is required in http mode")
+        if self.first_preview_delay_s < 0:
+            raise ValueError("slack: first_preview_delay_s must not be negative")
         if self.max_concurrent_intake < 1:
             raise ValueError("slack: max_concurrent_intake must be at least 1")
         if not 0 < self.accept_timeout_s < 3:

@@ -2,7 +2,9 @@
 
 ``start`` puts :eyes: on the message being answered; ``preview`` shows the text so far
 in a placeholder (``chat.postMessage``, then ``chat.update`` at most once per
-interval, rendered only when it is actually sent, so a fast stream costs nothing);
+interval, rendered only when it is actually sent, so a fast stream costs nothing). The
+first one waits ``first_preview_delay_s`` after the first text, so an answer complete by
+then (most short ones) is posted once: no placeholder, no update, nothing remembered;
 ``deliver(0, …)`` turns the placeholder into the first part of the answer (or posts
 it when the update fails), further parts are posted in the thread; ``discard`` deletes
 the placeholder; ``close`` removes :eyes:. Every method is idempotent and safe in any
@@ -35,6 +37,7 @@ from channels.slack.api import SlackApi, SlackCallError
 log = structlog.get_logger(__name__)
 
 WORKING_REACTION = "eyes"
+FIRST_PREVIEW_DELAY_S = 0.5  # the default of SlackSettings.first_preview_delay_s
 
 Clock = Callable[[], float]
 PreviewFormatter = Callable[[str], str | None]
@@ -49,6 +52,7 @@ class SlackReplyStream:
         *,
         format_preview: PreviewFormatter,
         interval_s: float = 1.0,
+        first_preview_delay_s: float = FIRST_PREVIEW_DELAY_S,
         clock: Clock = time.monotonic,
         memory: PreviewMemory | None = None,
     ) -> None:
@@ -57,6 +61,7 @@ class SlackReplyStream:
         self._run_id = run_id
         self._format_preview = format_preview
         self._interval_s = interval_s
+        self._first_delay_s = min(first_preview_delay_s, interval_s)
         self._clock = clock
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
@@ -120,6 +125,8 @@ class SlackReplyStream:
             return
         self._last_raw = text
         self._pending = text
+        if self._last_sent == float("-inf"):  # the first text: the first preview waits a little
+            self._last_sent = self._clock() + self._first_delay_s - self._interval_s
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.create_task(self._flush_loop(), name=f"slack-preview-{self._run_id}")
 

@@ -16,7 +16,7 @@ from channels.base import Target
 from channels.preview_memory import PreviewBook
 from channels.slack.api import SlackApi, SlackCallError
 from channels.slack.format import preview_part
-from channels.slack.stream import SlackReplyStream
+from channels.slack.stream import FIRST_PREVIEW_DELAY_S, SlackReplyStream
 from tests.fakes.slack_server import CHAOS_KINDS, FakeSlack
 from tests.fakes.store_requests import StoreRequests
 from tests.fakes.telegram_context import RedisKV
@@ -45,11 +45,13 @@ def kv(redis_client: aioredis.Redis, redis_prefix: str) -> RedisKV:
 
 
 def open_stream(
-    api: SlackApi, kv: RedisKV, run_id: str, *, book: PreviewBook | None = None, resumed: bool = True
+    api: SlackApi, kv: RedisKV, run_id: str, *, book: PreviewBook | None = None, resumed: bool = True,
+    interval_s: float = 0.2, first_preview_delay_s: float = FIRST_PREVIEW_DELAY_S,
 ) -> SlackReplyStream:
     """A stream as the channel opens it; without ``book`` one of its own (as if on another replica)."""
     memory = (book or PreviewBook(kv, "slack")).memory(run_id, TARGET.chat_id, resumed=resumed)
-    return SlackReplyStream(api, TARGET, run_id, format_preview=preview_part, interval_s=0.2, memory=memory)
+    return SlackReplyStream(api, TARGET, run_id, format_preview=preview_part, interval_s=interval_s,
+                            first_preview_delay_s=first_preview_delay_s, memory=memory)
 
 
 def conversation(fake: FakeSlack) -> list[str]:
@@ -220,3 +222,27 @@ async def test_failing_reactions_never_cost_the_reply(fake: FakeSlack, api: Slac
     await stream_a_reply(api, kv, "run-no-reactions")
     assert conversation(fake) == ["Final answer", "second part"]
     assert fake.calls_to("reactions.add")
+
+
+async def test_an_answer_done_before_the_first_preview_is_due_is_posted_once(
+    fake: FakeSlack, api: SlackApi, kv: RedisKV, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    stream = open_stream(api, kv, "run-fast", interval_s=1.0, first_preview_delay_s=0.5)
+    await stream.start()
+    for text in ("Quick", "Quick answer"):
+        await stream.preview(text)
+    await stream.deliver(0, "Quick answer.")
+    await stream.close()
+    assert conversation(fake) == ["Quick answer."]
+    assert len(fake.calls_to("chat.postMessage")) == 1 and not fake.calls_to("chat.update")
+    assert await redis_client.keys(f"{redis_prefix}:*preview*") == []  # nothing to remember
+
+
+async def test_a_slower_answer_gets_its_placeholder_after_the_first_delay(fake: FakeSlack, api: SlackApi, kv: RedisKV) -> None:
+    stream = open_stream(api, kv, "run-slow", interval_s=1.0, first_preview_delay_s=0.1)
+    await stream.preview("Thinking about it")
+    await fake.wait_calls("chat.postMessage", 1, within=2.0)
+    await stream.deliver(0, "The answer.")
+    await stream.close()
+    assert conversation(fake) == ["The answer."]  # the placeholder became the answer
+    assert len(fake.calls_to("chat.postMessage")) == 1 and len(fake.calls_to("chat.update")) == 1
