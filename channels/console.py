@@ -313,7 +313,7 @@ class ConsoleChannel:
     def format_parts(self, markdown: str) -> list[str]:
         return [markdown]
 
-    def open_stream(self, target: Target, run_id: str) -> ReplyStream:
+    def open_stream(self, target: Target, run_id: str, *, resumed: bool = True) -> ReplyStream:
         return ConsoleStream(self._screen, self._run_started, self._run_closed)
 
     async def send_text(self, target: Target, text: str) -> str | None:

@@ -158,6 +158,7 @@ class Reply:
         kind: RunKind,
         previews: bool,
         redelivery: Redelivery | None = None,
+        resumed: bool = True,
     ) -> None:
         self._channel = channel
         self._target = target
@@ -166,7 +167,8 @@ class Reply:
         self._kind = kind
         self._previews = previews
         self._redelivery = redelivery
-        self._stream: ReplyStream = channel.open_stream(target, run_id)
+        # resumed: an earlier attempt may have left a preview for the stream to take over.
+        self._stream: ReplyStream = channel.open_stream(target, run_id, resumed=resumed)
         self._raw: list[str] = []  # the streamed text; joined only when a preview is due
         self._last_preview = ""
         self._last_preview_at = 0.0

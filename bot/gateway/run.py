@@ -177,6 +177,7 @@ class RunExecutor:
         reply = Reply(
             channel, target, run_id, self.deps.ledger,
             kind=first.kind, previews=first.kind == "chat", redelivery=self.deps.redelivery,
+            resumed=control.resumed,
         )
         turn = _Turn(batch, channel, target, trace, reply, bound)
         started = time.monotonic()

@@ -6,6 +6,8 @@ Channel adapters may not import ``bot``, so they get this object through their
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import redis.asyncio as aioredis
 
 from bot.store.keys import Keys
@@ -30,6 +32,16 @@ class RedisKeyValue:
     async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
         px = None if ttl_s is None else ttl_ms(ttl_s)
         await self._client.set(self._keys.kv(key), value, px=px)
+
+    async def set_many(self, writes: Sequence[tuple[str, str, float | None]]) -> None:
+        """Several ``set`` in one pipeline: one round trip, no transaction (none is needed:
+        each write stands alone, as separate calls would)."""
+        if not writes:
+            return
+        pipe = self._client.pipeline(transaction=False)
+        for key, value, ttl_s in writes:
+            pipe.set(self._keys.kv(key), value, px=None if ttl_s is None else ttl_ms(ttl_s))
+        await pipe.execute()
 
     async def delete(self, key: str) -> None:
         await self._client.delete(self._keys.kv(key))

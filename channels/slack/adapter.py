@@ -36,10 +36,10 @@ from channels.base import (
     ChannelContext,
     ChannelStartError,
     FileSink,
-    KeyValue,
     PairingGate,
     Target,
 )
+from channels.preview_memory import PreviewBook
 from channels.slack.acceptance import AcceptGate, Observer, not_accepted
 from channels.slack.access import AccessPolicy
 from channels.slack.api import SlackApi, SlackCallError
@@ -103,7 +103,7 @@ class SlackChannel:
         self._socket: AsyncSocketModeHandler | None = None
         self._connect_task: asyncio.Task[None] | None = None
         self._endpoint: SlackEventsEndpoint | None = None
-        self._kv: KeyValue | None = None
+        self._previews = PreviewBook(None, "slack")  # until started: remembers nothing
         self._gate = AcceptGate(settings.max_concurrent_intake, observer)
 
     # -- lifecycle --------------------------------------------------------------------
@@ -132,7 +132,7 @@ class SlackChannel:
 
     async def _start(self, ctx: ChannelContext) -> None:
         s = self.settings
-        self._kv = ctx.kv
+        self._previews = PreviewBook(ctx.kv, "slack")
         assert self._session is not None
         client = AsyncWebClient(
             token=s.bot_token,
@@ -326,11 +326,11 @@ class SlackChannel:
     def format_parts(self, markdown: str) -> list[str]:
         return format_parts(markdown)
 
-    def open_stream(self, target: Target, run_id: str) -> SlackReplyStream:
+    def open_stream(self, target: Target, run_id: str, *, resumed: bool = True) -> SlackReplyStream:
         return SlackReplyStream(
             self.api, target, run_id, format_preview=preview_part, interval_s=self.settings.preview_interval_s,
             first_preview_delay_s=self.settings.first_preview_delay_s,
-            kv=self._kv,
+            memory=self._previews.memory(run_id, target.chat_id, resumed=resumed),
         )
 
     async def send_text(self, target: Target, text: str) -> str | None:

@@ -215,9 +215,10 @@ class SlackIntake:
             if control and thread_ts is None:
                 # A top-level "@bot stop" means the run this person started last here.
                 thread = await self._ctx.kv.get(last_thread_key(channel, user)) or ts
-            else:
-                await self._ctx.kv.set(thread_key(channel, thread), "1", THREAD_TTL_S)
-                await self._ctx.kv.set(last_thread_key(channel, user), thread, DAY_S)
+            else:  # the thread is joined, and it is this person's latest here: one round trip
+                await self._ctx.kv.set_many(
+                    [(thread_key(channel, thread), "1", THREAD_TTL_S), (last_thread_key(channel, user), thread, DAY_S)]
+                )
             session = self._ctx.session_key("channel", channel, thread=thread)
             reply_thread = thread
         return RunRequest(

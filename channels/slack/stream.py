@@ -16,7 +16,8 @@ timeout, a dropped connection, an unreadable answer, ``msg_too_long``,
 posted as new messages and the placeholder deleted, so the conversation ends with the
 answer once and no partial copy. The placeholder's ts is kept in the store under the
 run id: a run retried after a crash adopts the placeholder the dead attempt left and
-finalizes or deletes it.
+finalizes or deletes it. A placeholder posted while the answer already waits to be
+delivered is settled by that delivery at once and only recorded if it outlives it.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from typing import Any
 
 import structlog
 
-from channels.base import KeyValue, Target
-from channels.preview_memory import PreviewMemory
+from channels.base import Target
+from channels.preview_memory import PreviewBook, PreviewMemory
 from channels.slack.api import SlackApi, SlackCallError
 
 log = structlog.get_logger(__name__)
@@ -53,7 +54,7 @@ class SlackReplyStream:
         interval_s: float = 1.0,
         first_preview_delay_s: float = FIRST_PREVIEW_DELAY_S,
         clock: Clock = time.monotonic,
-        kv: KeyValue | None = None,
+        memory: PreviewMemory | None = None,
     ) -> None:
         self._api = api
         self._target = target
@@ -72,8 +73,9 @@ class SlackReplyStream:
         self._preview_ts: str | None = None
         self._delivered: dict[int, str] = {}
         self._previews_over = False
+        self._delivering = False  # deliver() was called: it settles any placeholder itself
         self.previews_failed = False  # a preview call failed: the answer is posted anew
-        self._memory = PreviewMemory(kv, "slack", run_id, target.chat_id)
+        self._memory = memory or PreviewBook(None, "slack").memory(run_id, target.chat_id)  # None: no record
         self._reacted = False
         self._closed = False
 
@@ -155,7 +157,8 @@ class SlackReplyStream:
             if self._preview_ts is None:
                 data = await self._post(rendered, once=True)
                 self._preview_ts = str(data["ts"])
-                await self._memory.remember(self._preview_ts)
+                if not self._delivering:  # else the delivery waiting for this post settles it (deliver)
+                    await self._memory.remember(self._preview_ts)
             else:
                 await self._update(self._preview_ts, rendered, once=True)
             self._shown = rendered
@@ -184,6 +187,13 @@ class SlackReplyStream:
 
     # -- final answer -----------------------------------------------------------------
     async def deliver(self, index: int, part: str) -> str | None:
+        # A placeholder posted from now on is turned into the answer or deleted by this call,
+        # so it is not recorded (a store write and its delete saved on every quick answer).
+        # Only a later stream of the run reads the record, and the gateway's ledger lets one
+        # deliver this part again only after this call failed: a placeholder that outlives
+        # the call is recorded then (_delete_placeholder). A crash inside the call leaves
+        # the part claimed, never delivered again, so a record would not be read either.
+        self._delivering = True
         await self._end_previews()
         async with self._lock:
             if index in self._delivered:
@@ -229,8 +239,12 @@ class SlackReplyStream:
 
     async def _delete_placeholder(self) -> None:
         preview_ts, self._preview_ts = self._preview_ts, None
-        if preview_ts is not None and await self._delete(preview_ts):
+        if preview_ts is None:
+            return
+        if await self._delete(preview_ts):
             await self._memory.forget()
+        else:  # left in the chat: recorded, so a redelivery or a retry can still remove it
+            await self._memory.remember(preview_ts)
 
     async def discard(self) -> None:
         await self._end_previews()

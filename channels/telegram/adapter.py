@@ -25,6 +25,7 @@ from channels.base import (
     ReplyStream,
     Target,
 )
+from channels.preview_memory import PreviewBook
 from channels.telegram.approval import answer_callback, approval_message, remove_buttons
 from channels.telegram.files import TelegramFiles
 from channels.telegram.format import render_parts, render_preview
@@ -87,6 +88,7 @@ class TelegramChannel:
         self.me: BotIdentity | None = None
         self.poller: PollingIntake | None = None
         self._ctx: ChannelContext | None = None
+        self._previews = PreviewBook(None, "telegram")  # until started: remembers nothing
         self._bot: Bot | None = None
         self._sender: TelegramSender | None = None
         self._files: TelegramFiles | None = None
@@ -109,6 +111,7 @@ class TelegramChannel:
         an outage is the poller's to ride out.
         """
         self._ctx = ctx
+        self._previews = PreviewBook(ctx.kv, "telegram")
         self._stopping = False
         self._command_names = CONTROL_COMMANDS | {c.lstrip("/").lower() for c, _ in ctx.commands}
         self._redactor.install()
@@ -306,15 +309,16 @@ class TelegramChannel:
             raise RuntimeError("the telegram channel is not started")
         return self._sender
 
-    def open_stream(self, target: Target, run_id: str) -> ReplyStream:
+    def open_stream(self, target: Target, run_id: str, *, resumed: bool = True) -> ReplyStream:
+        chat = chat_ref(target)
         return TelegramReplyStream(
-            self._require_sender(), chat_ref(target), run_id,
+            self._require_sender(), chat, run_id,
             render_preview=lambda text: render_preview(text, self.message_limit),
             edit_interval_s=self.settings.stream_edit_interval_s,
             typing_interval_s=self.typing_interval_s,
             preview_timeout_s=self.preview_timeout_s,
             first_preview_delay_s=self.settings.first_preview_delay_s,
-            kv=self._ctx.kv if self._ctx is not None else None,
+            memory=self._previews.memory(run_id, str(chat.chat_id), resumed=resumed),
         )
 
     async def send_text(self, target: Target, text: str) -> str | None:

@@ -6,9 +6,12 @@ replicas elect a leader through a lease in the shared store: ``set_nx`` to take 
 dies and its lease expires) another one takes over within the lease TTL.
 
 The offset advances only after an update was handed over (submitted), so a crash never
-loses an update; a repeat after a restart is caught by the gateway's dedupe. The offset
-is also kept in the store so a new leader resumes where the old one stopped. A poll
-loop that makes no progress for ``stall_timeout_s`` is cancelled and restarted.
+loses an update; a repeat after a restart is caught by the gateway's dedupe. Telegram
+confirms the handled updates with the next getUpdates, so a new leader is never served
+them again; the offset is also kept in the store, written with each lease renewal and
+on stop rather than per batch (a store write per message otherwise), for a leader that
+took over from one which died before that next call. A poll loop that makes no progress
+for ``stall_timeout_s`` is cancelled and restarted.
 
 Polling is bounded whatever the Bot API does: errors back off exponentially, and an
 empty answer that comes back long before ``timeout`` (a proxy or server ignoring long
@@ -83,6 +86,7 @@ class PollingIntake:
         self._early_empties = 0  # consecutive empty answers that ignored the long-poll timeout
         self.backoffs = 0  # waits inserted by the polling bound (errors and early answers)
         self._offset: int | None = None
+        self._saved_offset: int | None = None  # the offset the store holds, as far as we know
         self._last_progress = time.monotonic()
         self._task: asyncio.Task[None] | None = None
 
@@ -105,6 +109,7 @@ class PollingIntake:
             elif not task.cancelled() and task.exception() is not None:
                 log.error("telegram.poller_failed", error=scrub(repr(task.exception())))
         self.is_leader = False
+        await self._save_offset()
         try:  # release the lease so a follower takes over now, not when it expires
             if await self.kv.get(self.lease_key) == self.replica_id:
                 await self.kv.delete(self.lease_key)
@@ -154,6 +159,7 @@ class PollingIntake:
                 if not extended:
                     return
                 last_ok = time.monotonic()
+                await self._save_offset()
             except Exception as exc:
                 log.warning("telegram.poller_lease_error", error=scrub(str(exc)))
                 if time.monotonic() - last_ok >= self.lease_ttl_s - self.renew_every_s:
@@ -192,8 +198,21 @@ class PollingIntake:
             log.warning("telegram.offset_read_failed", error=scrub(str(exc)))
             return self._offset
         if raw is not None and raw.isdigit():
+            self._saved_offset = int(raw)
             return max(int(raw), self._offset or 0)
         return self._offset
+
+    async def _save_offset(self) -> None:
+        """Keep the offset in the store when it moved since the last write; best effort."""
+        offset = self._offset
+        if offset is None or offset == self._saved_offset:
+            return
+        try:
+            await self.kv.set(self.offset_key, str(offset), OFFSET_TTL_S)
+        except Exception as exc:
+            log.warning("telegram.offset_write_failed", error=scrub(str(exc)))
+            return
+        self._saved_offset = offset
 
     async def _poll_loop(self) -> None:
         webhook_cleared = False
@@ -260,11 +279,6 @@ class PollingIntake:
                 return False
             self._offset = update.update_id + 1
             self._last_progress = time.monotonic()
-        if updates:
-            try:
-                await self.kv.set(self.offset_key, str(self._offset), OFFSET_TTL_S)
-            except Exception as exc:
-                log.warning("telegram.offset_write_failed", error=scrub(str(exc)))
         return True
 
     async def _failed(self, event: str, exc: BaseException, wait: float | None = None) -> None:

@@ -32,8 +32,7 @@ import structlog
 from telegram.error import TelegramError
 
 from agent.tasks import raise_if_cancelled
-from channels.base import KeyValue
-from channels.preview_memory import PreviewMemory
+from channels.preview_memory import PreviewBook, PreviewMemory
 from channels.telegram.redact import scrub
 from channels.telegram.send import ChatRef, MalformedAnswer, TelegramSender
 
@@ -58,7 +57,7 @@ class TelegramReplyStream:
         typing_interval_s: float = TYPING_INTERVAL_S,
         preview_timeout_s: float = PREVIEW_TIMEOUT_S,
         first_preview_delay_s: float = FIRST_PREVIEW_DELAY_S,
-        kv: KeyValue | None = None,
+        memory: PreviewMemory | None = None,
     ) -> None:
         self.sender = sender
         self.chat = chat
@@ -69,7 +68,7 @@ class TelegramReplyStream:
         self.preview_timeout_s = preview_timeout_s
         # Never later than the regular rhythm: a short interval asks for early previews.
         self.first_preview_delay_s = min(first_preview_delay_s, edit_interval_s)
-        self.memory = PreviewMemory(kv, "telegram", run_id, str(chat.chat_id))
+        self.memory = memory or PreviewBook(None, "telegram").memory(run_id, str(chat.chat_id))  # None: no record
         self.preview_message_id: int | None = None
         self.previews_failed = False  # a preview call failed: no more previews in this run
         self._latest: str | None = None

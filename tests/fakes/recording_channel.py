@@ -30,6 +30,7 @@ class RecordingChannel:
     previews: list[tuple[str, str]] = field(default_factory=list)
     discarded: list[str] = field(default_factory=list)
     approvals: list[tuple[str, str]] = field(default_factory=list)
+    opened: list[tuple[str, bool]] = field(default_factory=list)  # (run_id, resumed) per stream
     fail_deliveries: int = 0
     part_limit: int = 0
     ctx: ChannelContext | None = None
@@ -53,7 +54,8 @@ class RecordingChannel:
             return [markdown]
         return [markdown[i : i + self.part_limit] for i in range(0, len(markdown), self.part_limit)]
 
-    def open_stream(self, target: Target, run_id: str) -> ReplyStream:
+    def open_stream(self, target: Target, run_id: str, *, resumed: bool = True) -> ReplyStream:
+        self.opened.append((run_id, resumed))
         return _Stream(self, target, run_id)
 
     async def send_text(self, target: Target, text: str) -> str | None:

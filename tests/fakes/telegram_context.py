@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -17,7 +17,7 @@ from aiohttp import web
 
 from agent.types import RunRequest
 from bot.session_keys import session_key
-from channels.base import ChannelContext, RouteHandler, Scope, SubmitResult
+from channels.base import ChannelContext, KeyWrite, RouteHandler, Scope, SubmitResult
 from channels.telegram.adapter import TelegramChannel
 from channels.telegram.settings import TelegramSettings
 from tests.fakes.telegram_server import FakeTelegram
@@ -49,6 +49,12 @@ class RedisKV:
 
     async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
         await self.client.set(self._k(key), value, px=int(ttl_s * 1000) if ttl_s else None)
+
+    async def set_many(self, writes: Sequence[KeyWrite]) -> None:
+        async with self.client.pipeline(transaction=False) as pipe:
+            for key, value, ttl_s in writes:
+                pipe.set(self._k(key), value, px=int(ttl_s * 1000) if ttl_s else None)
+            await pipe.execute()
 
     async def delete(self, key: str) -> None:
         await self.client.delete(self._k(key))

@@ -193,6 +193,8 @@ async def test_a_burst_before_any_output_folds_into_the_running_turn(
         await bot.wait_idle()
         assert bot.channel.texts("part") == ["all three read"]
         assert all("all three read".startswith(t) for _, t in bot.channel.previews)  # only the final answer showed
+        # Every pass is of a first attempt: none of them looks in the store for a preview.
+        assert len(bot.channel.opened) == 3 and not any(resumed for _, resumed in bot.channel.opened)
         assert request_texts(fake.requests[-1]) == ["part one", "part two", "part three"]
         history = await bot.history()
         assert roles(history) == ["user", "user", "user", "assistant"]

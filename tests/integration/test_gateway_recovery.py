@@ -65,7 +65,7 @@ async def _leave_work_behind(client: aioredis.Redis, prefix: str, text: str) -> 
 async def test_sweeper_takes_over_from_a_dead_holder(
     tmp_path: Path, redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
 ) -> None:
-    await _leave_work_behind(redis_client, redis_prefix, "asked just before the crash")
+    run_id = await _leave_work_behind(redis_client, redis_prefix, "asked just before the crash")
     lock_key = f"{redis_prefix}:lock:{dm_session()}"
     await redis_client.set(lock_key, "dead-replica:0123", px=1500)
     async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
@@ -73,6 +73,7 @@ async def test_sweeper_takes_over_from_a_dead_holder(
         await bot.channel.wait_for(lambda ch: ch.texts("part"), timeout=8)
         await bot.wait_idle()
         assert bot.channel.texts("part") == ["answered after the takeover"]
+        assert bot.channel.opened == [(run_id, True)]  # resumed: it looks for the dead holder's preview
         assert len(fake.requests) == 1
         assert request_texts(fake.requests[0]) == ["asked just before the crash"]
         assert roles(await bot.history()) == ["user", "assistant"]
@@ -94,6 +95,8 @@ async def test_a_quiet_sweeper_still_finds_work_a_dead_replica_left(
         await bot.send("and a new message")  # a kick ends the quiet at once
         assert not workers._quiet
         await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2, timeout=8)
+        # Only the batch the dead replica left can have a preview of an earlier attempt.
+        assert [resumed for _, resumed in bot.channel.opened] == [True, False]
 
 
 async def test_retried_run_does_not_resend_a_delivered_part(

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 from bot.gateway.inbox import Deduper
 from bot.store import Keys, RedisKeyValue
 from channels.base import KeyValue
+from tests.fakes.store_requests import StoreRequests
 
 
 @pytest.fixture
@@ -145,3 +146,27 @@ def test_empty_key_parts_are_refused() -> None:
         Keys("botd").lock("")
     with pytest.raises(ValueError, match="non-empty"):
         Keys("botd").key("inbox", "")
+
+
+async def test_set_many_writes_each_value_with_its_own_ttl_in_one_round_trip(
+    kv: RedisKeyValue, redis_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    contract: KeyValue = kv
+    await contract.set("b", "old")
+    requests = StoreRequests(monkeypatch)
+    await contract.set_many([("a", "1", 600.0), ("b", "2", 1.5), ("c", "3", None)])
+    assert requests.count == 1
+    assert [await contract.get(k) for k in ("a", "b", "c")] == ["1", "2", "3"]
+    assert 599_000 < await redis_client.pttl(f"{redis_prefix}:kv:a") <= 600_000
+    assert 0 < await redis_client.pttl(f"{redis_prefix}:kv:b") <= 1500
+    assert await redis_client.pttl(f"{redis_prefix}:kv:c") == -1
+
+    requests.reset()
+    await contract.set_many([])
+    assert requests.count == 0  # nothing to write: no request at all
+
+
+async def test_set_many_with_a_bad_ttl_writes_nothing(kv: RedisKeyValue) -> None:
+    with pytest.raises(ValueError, match="ttl_s"):
+        await kv.set_many([("first", "1", 60.0), ("second", "2", -1.0)])
+    assert await kv.get("first") is None  # checked before anything was sent

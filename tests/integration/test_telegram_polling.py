@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from structlog.testing import capture_logs
 
 from agent.types import TelegramChat
+from tests.fakes.store_requests import StoreRequests
 from tests.fakes.telegram_context import TelegramHarness
 
 pytestmark = pytest.mark.timeout(60)
@@ -88,6 +89,52 @@ async def test_offset_survives_restart(h: TelegramHarness) -> None:
     await h.channel(replica_id="replica-b")
     h.fake.push_message(h.fake.private_message(42, "two"))
     await h.recorder.wait_requests(2)
+    await asyncio.sleep(0.3)
+    assert [r.text for r in h.recorder.requests] == ["one", "two"]
+
+
+async def test_the_offset_is_not_written_per_message_but_on_renewal_and_stop(
+    h: TelegramHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ch = await h.channel(tuning={"lease_ttl_s": 30.0, "lease_renew_s": 10.0})
+    requests = StoreRequests(monkeypatch)
+    for i in range(3):
+        last = h.fake.push_message(h.fake.private_message(42, f"m{i}"))
+        await h.recorder.wait_requests(i + 1)
+    assert "SET" not in requests.commands(":offset:")  # Telegram confirms them with the next getUpdates
+    requests.reset()
+    await ch.stop()
+    assert requests.commands(":offset:") == ["SET"]
+    assert await h.recorder.kv.get(f"telegram:offset:{h.fake.bot_id}") == str(last + 1)
+
+
+async def test_the_offset_is_saved_with_the_lease_renewal(h: TelegramHarness) -> None:
+    await h.channel(tuning={"lease_ttl_s": 1.5, "lease_renew_s": 0.3})
+    last = h.fake.push_message(h.fake.private_message(42, "one"))
+    await h.recorder.wait_requests(1)
+    key = f"telegram:offset:{h.fake.bot_id}"
+    for _ in range(50):
+        if await h.recorder.kv.get(key) == str(last + 1):
+            break
+        await asyncio.sleep(0.1)
+    assert await h.recorder.kv.get(key) == str(last + 1)
+
+
+async def test_a_leader_that_dies_without_saving_its_offset_is_not_served_its_updates_again(
+    h: TelegramHarness,
+) -> None:
+    first = await h.channel(tuning={"lease_ttl_s": 1.5, "lease_renew_s": 0.5})
+    h.fake.push_message(h.fake.private_message(42, "one"))
+    await h.recorder.wait_requests(1)
+    polls = len(h.fake.calls_to("getUpdates"))
+    await h.fake.wait_calls("getUpdates", polls + 1)  # the next poll confirms "one" to Telegram
+    assert first.poller is not None and first.poller._task is not None
+    first.poller._task.cancel()  # dies: no lease released...
+    await asyncio.gather(first.poller._task, return_exceptions=True)
+    await h.recorder.kv.delete(f"telegram:offset:{h.fake.bot_id}")  # ...and no offset saved
+    await h.channel(replica_id="replica-b", tuning={"lease_ttl_s": 1.5, "lease_renew_s": 0.5})
+    h.fake.push_message(h.fake.private_message(42, "two"))
+    await h.recorder.wait_requests(2, within_s=10)
     await asyncio.sleep(0.3)
     assert [r.text for r in h.recorder.requests] == ["one", "two"]
 

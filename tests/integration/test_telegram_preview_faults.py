@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from agent.types import TelegramChat
 from channels.base import Target
 from channels.telegram.adapter import TelegramChannel
+from tests.fakes.store_requests import StoreRequests
 from tests.fakes.telegram_context import TelegramHarness
 from tests.fakes.telegram_server import CHAOS_KINDS
 
@@ -124,7 +125,7 @@ async def test_a_retried_run_finalizes_the_preview_of_the_attempt_that_died(
     await h.fake.wait_calls("sendMessage")
     await asyncio.sleep(0.3)  # the attempt stored its preview id
     # The replica dies here: nothing is closed or deleted. Another attempt runs.
-    retried = (await h.channel(replica_id="replica-b", tuning=TUNING)).open_stream(DM, "run-crash")
+    retried = (await h.channel(replica_id="replica-b", tuning=TUNING)).open_stream(DM, "run-crash", resumed=True)
     await retried.preview("half of the answer again")
     await asyncio.sleep(0.5)
     await retried.deliver(0, "The whole answer")
@@ -144,6 +145,60 @@ async def test_a_retried_run_that_ends_silent_deletes_the_dead_attempts_preview(
     await retried.discard()
     await retried.close()
     assert chat_texts(h) == []
+
+
+async def test_a_first_attempt_never_looks_for_a_preview_left_behind(
+    h: TelegramHarness, ch: TelegramChannel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = StoreRequests(monkeypatch)
+    stream = ch.open_stream(DM, "run-first", resumed=False)
+    await stream.preview("draft one")
+    await h.fake.wait_calls("sendMessage")
+    await asyncio.sleep(0.3)  # the preview id is stored
+    await stream.deliver(0, "Final answer")
+    await stream.close()
+    assert chat_texts(h) == ["Final answer"]
+    assert requests.commands(":preview:run-first") == ["SET", "DEL"]  # stored and cleared, never looked up
+    requests.reset()
+    quick = ch.open_stream(DM, "run-quick", resumed=False)  # answered before any preview was due
+    await quick.deliver(0, "Short")
+    await quick.close()
+    assert requests.touching(":preview:") == []
+
+
+async def test_a_restart_after_a_resumed_pass_that_never_looked_still_takes_over_the_dead_preview(
+    h: TelegramHarness, ch: TelegramChannel
+) -> None:
+    dead = (await h.channel(replica_id="replica-b", tuning=TUNING)).open_stream(DM, "run-fold")
+    await dead.preview("half of the ans")
+    await h.fake.wait_calls("sendMessage")
+    await asyncio.sleep(0.3)  # the attempt stored its preview id; then its replica died
+    ch.open_stream(DM, "run-fold", resumed=True)  # resumed here; more messages came before it looked
+    folded = ch.open_stream(DM, "run-fold", resumed=False)  # the restart with them
+    await folded.deliver(0, "The whole answer")
+    await folded.close()
+    assert chat_texts(h) == ["The whole answer"]
+    assert len(h.fake.sent_messages(42, include_deleted=True)) == 1  # the dead preview became the answer
+
+
+async def test_a_restart_takes_over_the_preview_its_cancelled_pass_could_not_delete(
+    h: TelegramHarness, ch: TelegramChannel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = ch.open_stream(DM, "run-restart", resumed=False)
+    await first.preview("half of the ans")
+    await h.fake.wait_calls("sendMessage")
+    await asyncio.sleep(0.3)
+    h.fake.chaos("deleteMessage", 1.0, kinds=("500",))
+    await first.discard()  # the pass is cancelled; its preview stays
+    await first.close()
+    h.fake.calm("deleteMessage")
+    requests = StoreRequests(monkeypatch)
+    again = ch.open_stream(DM, "run-restart", resumed=False)
+    await again.deliver(0, "The whole answer")
+    await again.close()
+    assert chat_texts(h) == ["The whole answer"]
+    assert len(h.fake.sent_messages(42, include_deleted=True)) == 1
+    assert requests.commands(":preview:run-restart") == ["DEL"]  # known in process: no lookup
 
 
 async def test_failing_optional_calls_never_cost_the_reply(h: TelegramHarness, ch: TelegramChannel) -> None:

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
 
 from agent.types import SlackChat
+from channels.base import KeyWrite
 from channels.slack.access import AccessPolicy
 from channels.slack.commands import CommandIntake
 from channels.slack.intake import BotIdentity, SlackIntake
 from tests.fakes.slack_context import RecordingContext, RedisKeyValue
 from tests.fakes.slack_server import block_action, event_callback, message_event, slash_command
+from tests.fakes.store_requests import StoreRequests
 
 TEAM = "T0FAKE"
 ME = BotIdentity(team_id=TEAM, user_id="UBOT", bot_id="BBOT")
@@ -265,7 +268,7 @@ async def test_refused_submit_is_not_accepted_and_the_retry_is_taken(rec: Record
 
 async def test_store_down_for_the_thread_memory_is_not_accepted(rec: RecordingContext) -> None:
     class DownKeyValue:
-        async def set(self, key: str, value: str, ttl_s: float | None = None) -> None:
+        async def set_many(self, writes: Sequence[KeyWrite]) -> None:
             raise ConnectionError("Redis is down")
 
     intake = make_intake(rec)
@@ -388,3 +391,16 @@ async def test_deny_button_and_refusals(rec: RecordingContext) -> None:
         is None
     )
     assert cmd.parse_approval({"type": "block_actions"}) is None
+
+
+async def test_thread_bookkeeping_of_a_mention_is_one_round_trip(
+    rec: RecordingContext, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    intake = make_intake(rec)
+    requests = StoreRequests(monkeypatch)
+    await intake.on_event(body(mention("<@UBOT> hello", "300.1")))
+    [write] = requests.touching(":kv:slack:")  # the thread and the person's last thread together
+    assert b"slack:thread:C1:300.1" in write and b"slack:last_thread:C1:U1" in write
+    assert await rec.kv.get("slack:last_thread:C1:U1") == "300.1"
+    assert 6 * 86400 < await rec.kv.ttl("slack:thread:C1:300.1") <= 7 * 86400
+    assert 23 * 3600 < await rec.kv.ttl("slack:last_thread:C1:U1") <= 24 * 3600
