@@ -227,6 +227,18 @@ def _collapse_duplicate_paragraphs(text: str) -> str:
     return "\n\n".join(kept)
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def well_formed(text: str) -> str:
+    """``text`` as valid Unicode: a surrogate pair (JSON's ``\\ud83d\\ude00`` escapes decoded
+    one by one) joined into its character, a lone surrogate replaced by U+FFFD. Markdown
+    parsers and every platform's UTF-8 encoder refuse them, and model text may hold them."""
+    if _SURROGATE.search(text) is None:
+        return text
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 def sanitize(text: str) -> str:
     """Remove model scaffolding from ``text`` (shared cases README, "Sanitize", steps 1-7)."""
     if not text:

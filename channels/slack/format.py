@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
+from agent.sanitize import well_formed
 from channels.slack.mrkdwn import Block, CodeBlock, Line, Run, Style, TextBlock, safe_url
 from channels.slack.split import MIN_LIMIT, split_blocks
 
@@ -276,7 +277,7 @@ def _table_lines(rows: list[list[str]]) -> list[str]:
 
 def render_blocks(markdown: str) -> list[Block]:
     """The mrkdwn document model of ``markdown``."""
-    return _BlockRenderer().render(_PARSER.parse(markdown))
+    return _BlockRenderer().render(_PARSER.parse(well_formed(markdown)))
 
 
 def to_mrkdwn(markdown: str) -> str:
@@ -292,6 +293,7 @@ def to_mrkdwn(markdown: str) -> str:
 
 def format_parts(markdown: str, limit: int = SLACK_TEXT_LIMIT) -> list[str]:
     """Slack message texts of at most ``limit`` characters each; [] when nothing shows."""
+    markdown = well_formed(markdown)
     if limit >= MIN_LIMIT and len(markdown) <= limit and _PLAIN_LINE.fullmatch(markdown):
         return [markdown]
     return split_blocks(render_blocks(markdown), limit)

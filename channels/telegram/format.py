@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
+from agent.sanitize import well_formed
 from channels.telegram.html_split import split_html
 
 HR_TEXT = "——————"
@@ -59,7 +60,7 @@ def markdown_to_html(markdown: str, *, max_url_len: int = MAX_URL_LEN) -> str:
     Links whose escaped URL is longer than ``max_url_len`` keep only their label.
     """
     renderer = _Renderer(max_url_len=max_url_len)
-    renderer.render(_md.parse(markdown))
+    renderer.render(_md.parse(well_formed(markdown)))
     return renderer.result()
 
 

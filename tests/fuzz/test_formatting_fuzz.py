@@ -228,3 +228,12 @@ def test_telegram_one_message_answers_skip_the_split_with_the_same_parts(text: s
     markup = markdown_to_html(text, max_url_len=min(MAX_URL_LEN, (TELEGRAM_LIMIT - 128) // 2))
     expected = [p for p in split_html(markup, TELEGRAM_LIMIT) if html_to_plain(p).strip()]
     assert render_parts(text, TELEGRAM_LIMIT) == expected
+
+
+@pytest.mark.parametrize("md", ["[a](\ud83d\ude00)", "x \ud83d y", "**b \udc00**", "`\ud83d`", "\ud83d\ude00 plain"])
+def test_model_text_with_surrogates_renders_on_both_platforms(md: str) -> None:
+    """JSON escapes decoded one by one leave surrogates in model text: a pair becomes its
+    character, a lone one U+FFFD, and nothing a platform cannot encode goes out."""
+    for part in [*format_parts(md), *render_parts(md, 4096), to_mrkdwn(md), markdown_to_html(md)]:
+        part.encode("utf-8")  # raises on any surrogate left
+    assert "😀" in "".join(format_parts("\ud83d\ude00 plain"))
