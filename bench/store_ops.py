@@ -94,13 +94,52 @@ async def latency_rows(handle: RedisHandle, n: int) -> list[dict[str, Any]]:
         ("record_usage", lambda i: store.record_usage(full, 1000, 100)),
         ("show", lambda i: store.show(full)),
         ("lock acquire + release", lock),
-        ("dedupe first_time", lambda i: dedupe.first_time(f"bench:{uuid.uuid4().hex}", ttl_s=60)),
+        ("dedupe claim", lambda i: dedupe.claim(f"bench:{uuid.uuid4().hex}")),
         ("kv set_nx", lambda i: kv.set_nx(f"bench:{i}", "v", 60)),
     ]
     rows = []
     for name, op in ops:
         rows.append({"operation": name, **await timed(n, warm, op)})
     return rows
+
+
+async def client_cpu_rows(handle: RedisHandle, n: int, rounds: int = 12) -> list[dict[str, Any]]:
+    """This process's CPU per command, botd's client against redis-py's own connection
+    class on the same server (botd's connections skip the per-write ``wait_for``): short
+    runs of ``n`` commands, the two clients taking turns, the median per client (CPU
+    time per command swings by a third from run to run on a shared machine)."""
+    import redis.asyncio as aioredis
+
+    pool = handle.client.connection_pool
+    plain_class = next(c for c in pool.connection_class.__mro__ if c.__module__.startswith("redis."))
+    plain = aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=plain_class, **pool.connection_kwargs))
+    clients = {"botd's client": handle.client, "redis-py's connection": plain}
+    await handle.client.set("bench:cpu", "v")
+
+    async def get(client: Any) -> None:
+        await client.get("bench:cpu")
+
+    async def pipeline(client: Any) -> None:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.get("bench:cpu")
+            pipe.get("bench:cpu")
+            pipe.hgetall("bench:none")
+            await pipe.execute()
+
+    samples: dict[tuple[str, str], list[float]] = {}
+    try:
+        for round_no in range(rounds + 1):  # the first round warms up
+            for what, op in (("GET", get), ("pipeline of 3", pipeline)):
+                for name, client in clients.items():
+                    cpu = time.process_time()
+                    for _ in range(n):
+                        await op(client)
+                    if round_no:
+                        samples.setdefault((name, what), []).append((time.process_time() - cpu) / n * 1e6)
+    finally:
+        await plain.aclose()
+    return [{"client": name, "operation": what, "cpu_us_per_op": round(statistics.median(values), 1)}
+            for (name, what), values in samples.items()]
 
 
 async def concurrent_row(handle: RedisHandle, tasks: int, per_task: int) -> dict[str, Any]:
@@ -157,6 +196,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             rows = await latency_rows(handle, args.ops)
             rows.append(await concurrent_row(handle, args.tasks, max(1, args.ops // args.tasks)))
             memory = await memory_per_session(handle, args.sessions, args.messages)
+            client_cpu = await client_cpu_rows(handle, max(20, args.ops // 4))
             if args.redis_url and args.flush:
                 await handle.client.flushdb()
         finally:
@@ -169,6 +209,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "close_ms": round(close_ms, 1),
         "results": rows,
         "memory": memory,
+        "client_cpu": client_cpu,
     }
 
 
@@ -201,6 +242,8 @@ def main() -> None:
         f"(used_memory growth over {mem['sessions']} sessions); MEMORY USAGE of one session's keys "
         f"{mem['session_keys_bytes']} bytes, {mem['messages_list_bytes']} of them the message list"
     )
+    print("client CPU per command (this process): " + "; ".join(
+        f"{r['client']} {r['operation']} {r['cpu_us_per_op']} µs" for r in report["client_cpu"]))
     report.update(
         {
             "benchmark": "store_ops",
