@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -225,8 +226,7 @@ class Inbox:
 
     async def running(self, session_key: str) -> list[RunRequest]:
         """Work a previous holder took but never finished (it died or lost its lock)."""
-        raw = await self._r.lrange(self._running(session_key), 0, -1)
-        return [RunRequest.model_validate_json(item) for item in raw]
+        return taken(await self._r.lrange(self._running(session_key), 0, -1))
 
     async def finish(self, session_key: str, run_id: str | None = None, *, lock: Lease | None = None) -> bool:
         """Forget the running batch, and with ``run_id`` the result it saved for a retry
@@ -239,7 +239,7 @@ class Inbox:
         if lock is not None and token is not None:
             keys.append(lock.key)
         state = await self._finish(keys=keys, args=[session_key, token or ""])
-        if state == 2 and lock is not None and lock.token == token:
+        if state == 2 and lock is not None:  # 2 only when our token held the key
             lock.forget()
         return state == 1
 
@@ -256,7 +256,7 @@ class Inbox:
         pipe.lrange(self._inbox(session_key), 0, -1)
         pipe.delete(self._inbox(session_key))
         raw, _ = await pipe.execute()
-        return [RunRequest.model_validate_json(item) for item in raw]
+        return taken(raw)
 
     async def pending_sessions(self, older_than_s: float = 0.0, limit: int = 100) -> list[str]:
         """Sessions that have had work waiting for at least ``older_than_s`` seconds."""
@@ -276,7 +276,7 @@ class Inbox:
         return [str(k) for k in keys], int(depth)
 
 
-def taken(raw: list[str] | None) -> list[RunRequest]:
+def taken(raw: Sequence[str | bytes] | None) -> list[RunRequest]:
     """The requests a take (or claim) moved to running, from the script's reply."""
     return [RunRequest.model_validate_json(item) for item in raw or []]
 

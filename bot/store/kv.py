@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 
 from bot.store.keys import Keys
 from bot.store.owned import OwnedKeys, ttl_ms
+from channels.base import KeyWrite
 
 
 class RedisKeyValue:
@@ -33,7 +34,7 @@ class RedisKeyValue:
         px = None if ttl_s is None else ttl_ms(ttl_s)
         await self._client.set(self._keys.kv(key), value, px=px)
 
-    async def set_many(self, writes: Sequence[tuple[str, str, float | None]]) -> None:
+    async def set_many(self, writes: Sequence[KeyWrite]) -> None:
         """Several ``set`` in one pipeline: one round trip, no transaction (none is needed:
         each write stands alone, as separate calls would)."""
         if not writes:
