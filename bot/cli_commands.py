@@ -14,7 +14,7 @@ from pathlib import Path
 from bot.config import BotdConfig
 from bot.daemon import Daemon, settle_collector
 from bot.store.connection import RedisHandle, open_redis
-from bot.store.sessions import SessionInfo
+from bot.store.session_info import SessionInfo
 from bot.tracing import TraceStore, render_trace
 
 

@@ -22,7 +22,8 @@ from agent.tools.registry import ToolSettings
 from agent.types import Message, Usage
 from bot.compactor import SessionCompactor, stored_tokens
 from bot.models import ModelProfile
-from bot.store.sessions import SessionContext, SessionStore, SessionUsage
+from bot.store.session_info import SessionUsage
+from bot.store.sessions import SessionContext, SessionStore
 
 log = structlog.get_logger(__name__)
 

@@ -12,55 +12,26 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
 import structlog
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 from redis.asyncio.client import Pipeline
 
 from agent.types import Message
 from bot.store import session_scripts
 from bot.store.keys import Keys
 from bot.store.owned import queue_script
+from bot.store.session_info import SessionInfo, SessionPage, SessionUsage, info_of, usage_of
 
 log = structlog.get_logger(__name__)
 
 DEFAULT_MAX_MESSAGES = 2000
 DEFAULT_TTL_S = 90 * 86400
 DEFAULT_OPS_BOUND = 128  # small enough for a compact listpack-encoded sorted set
-
-
-class SessionUsage(BaseModel):
-    """Tokens of the last LLM call, of the last run, and totals since the session began
-    (totals survive /new). Costs are None until a priced model was used."""
-
-    last_prompt_tokens: int = 0
-    last_completion_tokens: int = 0
-    total_prompt_tokens: int = 0
-    total_completion_tokens: int = 0
-    last_run_prompt_tokens: int = 0
-    last_run_completion_tokens: int = 0
-    last_run_cost: float | None = None
-    total_cost: float | None = None
-
-
-class SessionInfo(BaseModel):
-    """What ``botd sessions show`` and ``/status`` report about one session."""
-
-    session_key: str
-    exists: bool
-    message_count: int = 0
-    created_at: float | None = None
-    last_activity: float | None = None
-    summary_present: bool = False
-    compactions: int = 0
-    resets: int = 0
-    trimmed: int = 0  # messages dropped by the length cap since the last reset
-    version: int = 0
-    usage: SessionUsage = Field(default_factory=SessionUsage)
 
 
 class SessionSnapshot(BaseModel):
@@ -81,13 +52,6 @@ class SessionContext:
     model: str | None
     usage: SessionUsage
     context_warned: bool
-
-
-class SessionPage(BaseModel):
-    """One page of sessions, most recently active first; ``next_cursor`` None on the last page."""
-
-    sessions: list[SessionInfo]
-    next_cursor: int | None
 
 
 class SessionStore:
@@ -152,7 +116,7 @@ class SessionStore:
             messages=_decode_all(session_key, raw),
             summary=str(summary) if summary is not None else None,
             model=str(meta["model"]) if meta.get("model") else None,
-            usage=_usage_of(meta),
+            usage=usage_of(meta),
             context_warned=bool(meta.get("context_warned")),
         ), more
 
@@ -297,7 +261,7 @@ class SessionStore:
 
     async def usage(self, session_key: str) -> SessionUsage:
         meta = await self._client.hgetall(self._keys.session_meta(session_key))
-        return _usage_of(meta)
+        return usage_of(meta)
 
     async def show(self, session_key: str) -> SessionInfo:
         """Counters and usage of one session (``exists`` False when there is none)."""
@@ -341,7 +305,7 @@ class SessionStore:
         infos = []
         for i, sk in enumerate(session_keys):
             count, meta, has_summary = replies[3 * i : 3 * i + 3]
-            infos.append(_info_of(sk, int(count), meta, bool(has_summary)))
+            infos.append(info_of(sk, int(count), meta, bool(has_summary)))
         return infos
 
 
@@ -366,35 +330,3 @@ def _decode_all(session_key: str, raw: Sequence[str | bytes]) -> list[Message]:
             log.warning("store.session.unreadable_message", session_key=session_key, position=position,
                         error=str(exc).splitlines()[0])
     return out
-
-
-_COUNTS = ("last_prompt_tokens", "last_completion_tokens", "total_prompt_tokens", "total_completion_tokens",
-           "last_run_prompt_tokens", "last_run_completion_tokens")
-
-
-def _usage_of(meta: Mapping[Any, Any]) -> SessionUsage:
-    counts = {name: int(meta.get(name, 0)) for name in _COUNTS}
-    return SessionUsage(**counts, last_run_cost=_float(meta.get("last_run_cost")), total_cost=_float(meta.get("total_cost")))
-
-
-def _float(value: Any) -> float | None:
-    try:
-        return float(value) if value not in (None, "") else None
-    except (TypeError, ValueError):
-        return None
-
-
-def _info_of(session_key: str, count: int, meta: Mapping[Any, Any], has_summary: bool) -> SessionInfo:
-    return SessionInfo(
-        session_key=session_key,
-        exists=bool(meta) or count > 0,
-        message_count=count,
-        created_at=_float(meta.get("created_at")),
-        last_activity=_float(meta.get("last_activity")),
-        summary_present=has_summary,
-        compactions=int(meta.get("compactions", 0)),
-        resets=int(meta.get("resets", 0)),
-        trimmed=int(meta.get("trimmed", 0)),
-        version=int(meta.get("version", 0)),
-        usage=_usage_of(meta),
-    )

@@ -14,7 +14,7 @@ from bot.config import BotdConfig
 from bot.config_file import load_config
 from bot.init_wizard import Answers, check_rendered, render_config, write_private
 from bot.probes import slack_token_problems, telegram_token_problem
-from bot.store.sessions import SessionInfo
+from bot.store.session_info import SessionInfo
 
 
 @pytest.fixture(autouse=True)
