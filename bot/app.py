@@ -30,7 +30,8 @@ from bot.gateway.control import COMMANDS, ControlCommands
 from bot.gateway.gateway import Gateway
 from bot.gateway.redelivery import Redelivery
 from bot.gateway.reply import DeliveryLedger
-from bot.gateway.run import OutcomeStatus, RunDeps, RunExecutor, RunOutcome
+from bot.gateway.run import RunDeps, RunExecutor
+from bot.gateway.run_control import OutcomeStatus, RunOutcome
 from bot.gateway.signals import Broadcast
 from bot.logs import register_secret
 from bot.mcp_servers import sandboxed, server_specs

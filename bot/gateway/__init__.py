@@ -12,6 +12,8 @@ Modules, in the order a message meets them (DESIGN.md §2):
                    shutdown, fold) and the steering asked for before every LLM call.
 - ``run.py``       one batch as one run: resume a saved result, prepare, run the agent,
                    finish (store, deliver, record).
+- ``run_control.py`` what a run and its owner agree on: ``RunControl``, ``RunOutcome``,
+                   the reasons after which a batch runs again.
 - ``prompt.py``    the run's system prompt, from the config, the tools and the session.
 - ``observer.py``  ``RunObserver``: the agent's events as previews, tool spans, metrics.
 - ``attachments.py`` files a message brought, fetched into the session's ``inbox/`` before

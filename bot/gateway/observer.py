@@ -16,7 +16,7 @@ from bot.gateway.reply import Reply
 from bot.tracing import Trace
 
 if TYPE_CHECKING:
-    from bot.gateway.run import RunControl
+    from bot.gateway.run_control import RunControl
 
 
 class RunObserver:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -31,11 +31,9 @@ from agent.loop import RunCancelled, run_loop
 from agent.tasks import uncancel_current
 from agent.tools.registry import ToolContext, ToolRegistry, ToolSettings
 from agent.types import (
-    DeliveryStatus,
     Message,
     RunRequest,
     RunResult,
-    RunStatus,
 )
 from bot import metrics
 from bot.config import BotdConfig
@@ -44,6 +42,7 @@ from bot.gateway.context import RunContext, baseline_for
 from bot.gateway.observer import RunObserver
 from bot.gateway.prompt import system_prompt
 from bot.gateway.reply import DeliveryLedger, Reply, notify
+from bot.gateway.run_control import RETRY_REASONS, OutcomeStatus, RunControl, RunOutcome
 from bot.models import ModelCatalog, ModelProfile
 from bot.store.sessions import SessionStore
 from bot.tracing import Trace, TraceStore, TracingModel, clip, verbose
@@ -51,53 +50,12 @@ from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
-    from redis.asyncio.client import Pipeline
 
     from bot.compactor import SessionCompactor
     from bot.gateway.approvals import Approvals
     from bot.gateway.redelivery import Redelivery
 
 log = structlog.get_logger(__name__)
-
-# The agent's RunStatus, plus what the gateway decides itself.
-OutcomeStatus = Literal[RunStatus, "timeout", "blocked"]
-
-# The reason a run is cancelled to start again with the messages that followed it.
-FOLD: Final = "fold"
-# Cancellations after which the batch is run again (elsewhere, or folded) rather than recorded.
-RETRY_REASONS = frozenset({"shutdown", "lock_lost", FOLD})
-
-
-class RunControl(Protocol):
-    """What a run asks of its owner (``session_run.SessionRun``)."""
-
-    resumed: bool  # a batch a previous attempt left unfinished (it may have saved its result)
-
-    async def steer(self) -> list[RunRequest]:
-        """Before every LLM call: messages to hand over now (raises when cancelled)."""
-        ...
-
-    # The first steer's reads, queued on the run's first read of the store, and their replies.
-    def queue_steer(self, pipe: Pipeline) -> None: ...
-    def steer_ahead(self, replies: list[Any]) -> None: ...
-
-    def acknowledge(self) -> str | None:
-        """The run handles its cancellation: stop re-cancelling; returns the reason."""
-        ...
-
-    def output_started(self) -> None:
-        """Before anything is shown (text, a tool call, the answer); raises when cancelled."""
-        ...
-
-
-@dataclass
-class RunOutcome:
-    run_id: str
-    status: OutcomeStatus
-    delivery: DeliveryStatus | Literal["none"] = "none"
-    error: str | None = None
-    text: str = ""
-
 
 @dataclass
 class RunDeps:

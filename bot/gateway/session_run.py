@@ -15,7 +15,7 @@ from redis.asyncio.client import Pipeline
 from agent.tasks import keep_cancelling
 from agent.types import RunRequest
 from bot.gateway.inbox import Inbox, taken
-from bot.gateway.run import FOLD
+from bot.gateway.run_control import FOLD
 from bot.gateway.signals import CancelSignals, stopped_since_value
 
 log = structlog.get_logger(__name__)

@@ -29,7 +29,7 @@ import redis.asyncio as aioredis
 import structlog
 
 from agent.tasks import stop_task
-from bot.gateway.run import RunOutcome
+from bot.gateway.run_control import RunOutcome
 from bot.store.keys import Keys
 
 log = structlog.get_logger(__name__)

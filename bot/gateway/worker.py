@@ -26,7 +26,8 @@ from bot import metrics
 from bot.config import BotdConfig
 from bot.gateway.inbox import Claim, Inbox
 from bot.gateway.reply import DeliveryLedger, notify
-from bot.gateway.run import FOLD, RETRY_REASONS, RunExecutor, RunOutcome
+from bot.gateway.run import RunExecutor
+from bot.gateway.run_control import FOLD, RETRY_REASONS, RunOutcome
 from bot.gateway.session_run import SessionRun
 from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time
 from bot.store.keys import Keys

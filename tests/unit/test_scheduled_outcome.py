@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import get_args
 
 from bot.app import SCHEDULED_STATUS, scheduled_outcome
-from bot.gateway.run import OutcomeStatus, RunOutcome
+from bot.gateway.run_control import OutcomeStatus, RunOutcome
 from scheduler.ports import RUN_STATUSES
 
 
