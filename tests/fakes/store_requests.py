@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 from redis.asyncio.connection import AbstractConnection
 
+from bot.store.connection import PromptWrite
+
 
 class StoreRequests:
     """From construction on, every request this process sends to Redis, as its raw
@@ -16,14 +18,22 @@ class StoreRequests:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sent: list[bytes] = []
-        original = AbstractConnection.send_packed_command
+        # botd's own connections write through PromptWrite's override, the rest through redis-py's.
+        for cls in (AbstractConnection, PromptWrite):
+            monkeypatch.setattr(cls, "send_packed_command", self._counting(cls.send_packed_command))
 
+    def _counting(self, original: Any) -> Any:
         async def counted(conn: Any, command: Any, check_health: bool = True) -> None:
-            chunks = [command] if isinstance(command, bytes | bytearray | memoryview) else list(command)
-            self.sent.append(b"".join(bytes(c) for c in chunks))
-            await original(conn, command, check_health)
+            if not getattr(conn, "_counted", False):  # PromptWrite falling back to redis-py's write
+                chunks = [command] if isinstance(command, bytes | bytearray | memoryview) else list(command)
+                self.sent.append(b"".join(bytes(c) for c in chunks))
+            conn._counted = True
+            try:
+                await original(conn, command, check_health)
+            finally:
+                conn._counted = False
 
-        monkeypatch.setattr(AbstractConnection, "send_packed_command", counted)
+        return counted
 
     def reset(self) -> None:
         self.sent.clear()
