@@ -11,7 +11,7 @@ Modules, in the order a message meets them (DESIGN.md §2):
 - ``session_run.py`` ``SessionRun``: one run's cancellation (/stop, timeout, lost lock,
                    shutdown, fold) and the steering asked for before every LLM call.
 - ``run.py``       one batch as one run: resume a saved result, prepare, run the agent,
-                   finish (store, deliver, record).
+                   finish (store and record, deliver).
 - ``run_control.py`` what a run and its owner agree on: ``RunControl``, ``RunOutcome``,
                    the reasons after which a batch runs again.
 - ``prompt.py``    the run's system prompt, from the config, the tools and the session.

@@ -17,10 +17,12 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 import structlog
+from redis.asyncio.client import Pipeline
 
 from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sanitize
 from agent.types import DeliveryStatus, RunKind, RunResult
@@ -35,6 +37,10 @@ log = structlog.get_logger(__name__)
 
 _TTL_S = 7 * 24 * 3600
 
+# Writes that travel in the round trip of the reply's first store step (the run's history,
+# recorded as its result is saved): queued on that pipeline, then handed all its replies.
+RideAlong = Callable[[Pipeline], Callable[[list[Any]], None]]
+
 
 class DeliveryLedger:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
@@ -47,17 +53,20 @@ class DeliveryLedger:
     def _result(self, run_id: str) -> str:
         return self._keys.result(run_id)
 
-    async def claim(self, run_id: str, part: str, *, result: RunResult | None = None) -> bool:
+    async def claim(
+        self, run_id: str, part: str, *, result: RunResult | None = None, also: RideAlong | None = None
+    ) -> bool:
         """True exactly once per ``(run_id, part)``, across replicas and retries. With
-        ``result``, :meth:`save_result` in the same step (before anything is sent)."""
+        ``result``, :meth:`save_result` in the same step (before anything is sent); with
+        ``also``, those writes in the same round trip too."""
         key = self._parts(run_id)
         pipe = self._r.pipeline(transaction=True)
         if result is not None:
             pipe.set(self._result(run_id), _result_json(result), ex=_TTL_S)
         pipe.hsetnx(key, part, "sending")
+        claimed = len(pipe) - 1
         pipe.expire(key, _TTL_S)
-        replies = await pipe.execute()
-        return bool(replies[-2])
+        return bool((await _execute(pipe, also))[claimed])
 
     async def release(self, run_id: str, part: str) -> None:
         """Forget a claim whose send surely did not happen, so it may be claimed again."""
@@ -69,12 +78,23 @@ class DeliveryLedger:
     async def states(self, run_id: str) -> dict[str, str]:
         return {str(k): str(v) for k, v in (await self._r.hgetall(self._parts(run_id))).items()}
 
-    async def save_result(self, run_id: str, result: RunResult) -> None:
-        await self._r.set(self._result(run_id), _result_json(result), ex=_TTL_S)
+    async def save_result(self, run_id: str, result: RunResult, *, also: RideAlong | None = None) -> None:
+        pipe = self._r.pipeline(transaction=True)
+        pipe.set(self._result(run_id), _result_json(result), ex=_TTL_S)
+        await _execute(pipe, also)
 
     async def load_result(self, run_id: str) -> RunResult | None:
         raw = await self._r.get(self._result(run_id))
         return RunResult.model_validate_json(raw) if raw else None
+
+
+async def _execute(pipe: Pipeline, also: RideAlong | None) -> list[Any]:
+    """Run ``pipe`` with ``also``'s writes queued last, and hand them their replies."""
+    read = also(pipe) if also is not None else None
+    replies: list[Any] = await pipe.execute()
+    if read is not None:
+        read(replies)
+    return replies
 
 
 def _result_json(result: RunResult) -> str:
@@ -204,19 +224,22 @@ class Reply:
         if self._previews and isinstance(stream, ToolActivity):
             await self._safe("tool", stream.tool_finished(name, ok, ms) if done else stream.tool_started(name))
 
-    async def finish(self, raw_final: str, result: RunResult | None = None) -> DeliveryStatus:
+    async def finish(
+        self, raw_final: str, result: RunResult | None = None, *, also: RideAlong | None = None
+    ) -> DeliveryStatus:
         """Deliver the final answer (or nothing, when silent); close the stream either way.
         ``result`` is saved before anything is sent, so a retry after a crash delivers it
-        without asking the model again."""
+        without asking the model again; ``also`` (with a ``result`` only) rides along in
+        that step, and does not run when nothing is saved."""
         try:
             text = final_text(raw_final, self._kind)
             if text is None:
                 if result is not None:
-                    await self._ledger.save_result(self._run_id, result)
+                    await self._ledger.save_result(self._run_id, result, also=also)
                 await self._safe("discard", self._stream.discard())
                 metrics.DELIVERIES.labels(self._target.channel, "silent").inc()
                 return "silent"
-            return await self._deliver_parts(text, result)
+            return await self._deliver_parts(text, result, also if result is not None else None)
         finally:
             await self._safe("close", self._stream.close())
 
@@ -225,14 +248,16 @@ class Reply:
         await self._safe("discard", self._stream.discard())
         await self._safe("close", self._stream.close())
 
-    async def _deliver_parts(self, text: str, result: RunResult | None) -> DeliveryStatus:
+    async def _deliver_parts(self, text: str, result: RunResult | None, also: RideAlong | None) -> DeliveryStatus:
         parts = self._channel.format_parts(text)
         if result is not None and not parts:
-            await self._ledger.save_result(self._run_id, result)
+            await self._ledger.save_result(self._run_id, result, also=also)
         status: DeliveryStatus = "delivered"
         for index, part in enumerate(parts):
             key = str(index)
-            if not await self._ledger.claim(self._run_id, key, result=result if index == 0 else None):
+            first = index == 0
+            if not await self._ledger.claim(self._run_id, key, result=result if first else None,
+                                            also=also if first else None):
                 log.info("delivery.skip_already_sent", run_id=self._run_id, part=index)
                 continue
             started = time.monotonic()

@@ -3,9 +3,10 @@ history" to "append the run's messages".
 
 ``RunExecutor.execute`` goes through named steps: resume a result a previous attempt
 saved, prepare the model's input (guard, history, system prompt), run the agent loop
-with a ``RunObserver`` watching its events, and finish (store, deliver, record).
+with a ``RunObserver`` watching its events, and finish (store and record, deliver).
 
-Persisting order makes retries safe: the model's result is stored before delivery,
+Persisting order makes retries safe: the model's result is stored, and the run recorded
+in the session, in the round trip that claims the first part, before anything is sent;
 delivery is claimed per part, and the session append is idempotent per run, so a
 replica dying anywhere in here leads to a retry that neither asks the model twice
 (once the result is stored) nor sends a part twice.
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ from bot.gateway.attachments import Attachments
 from bot.gateway.context import RunContext, baseline_for
 from bot.gateway.observer import RunObserver
 from bot.gateway.prompt import system_prompt
-from bot.gateway.reply import DeliveryLedger, Reply, notify
+from bot.gateway.reply import DeliveryLedger, Reply, RideAlong, notify
 from bot.gateway.run_control import RETRY_REASONS, OutcomeStatus, RunControl, RunOutcome
 from bot.models import ModelCatalog, ModelProfile
 from bot.store.sessions import SessionStore
@@ -50,6 +51,7 @@ from bot.workspaces import SessionWorkspaces
 from channels.base import ChannelAdapter, Target
 
 if TYPE_CHECKING:
+    from redis.asyncio.client import Pipeline
 
     from bot.compactor import SessionCompactor
     from bot.gateway.approvals import Approvals
@@ -297,8 +299,12 @@ class RunExecutor:
             notice = await turn.context.warning_notice(model.usages[-1])
         text = result.text + notice
         saved = result.model_copy(update={"messages": user_messages + result.messages, "text": text})
-        delivery = await turn.reply.finish(text, saved)
-        stored = await self._persist(turn, user_messages, result, model)
+        # The run is recorded in the round trip that saves its result and claims the first
+        # part, before the send; only when nothing is saved is it recorded on its own.
+        recorded: list[tuple[int, int]] = []
+        delivery = await turn.reply.finish(text, saved, also=self._recording(turn, user_messages, result, model,
+                                                                             recorded))
+        stored = recorded[0] if recorded else await self._persist(turn, user_messages, result, model)
         if deps.compactor is not None:
             try:
                 await deps.compactor.maybe_compact(
@@ -333,13 +339,26 @@ class RunExecutor:
     ) -> tuple[int, int]:
         """Append the run and its usage (one record per LLM call, so "last prompt" is the
         last call's, not the run's sum) and its cost; the stored message and compaction counts after."""
-        usages = [(u.prompt_tokens, u.completion_tokens) for u in model.usages]
+        return await self.deps.sessions.record_run(**self._record(turn, user_messages, result, model))
+
+    def _recording(
+        self, turn: _Turn, user_messages: list[Message], result: RunResult, model: TracingModel,
+        into: list[tuple[int, int]],
+    ) -> RideAlong:
+        """:meth:`_persist` riding along another step's round trip; its counts land in ``into``."""
+        def queue(pipe: Pipeline) -> Callable[[list[Any]], None]:
+            counts = self.deps.sessions.queue_record_run(pipe, **self._record(turn, user_messages, result, model))
+            return lambda replies: into.append(counts(replies))
+        return queue
+
+    def _record(self, turn: _Turn, user_messages: list[Message], result: RunResult, model: TracingModel) -> dict[str, Any]:
         profile, context = turn.profile, turn.context
-        return await self.deps.sessions.record_run(
-            turn.session_key, turn.run_id, user_messages + result.messages, usages,
-            price=profile.cost if profile is not None else None,
-            rearm_warning=context is not None and context.rearm_warning,
-        )
+        return {
+            "session_key": turn.session_key, "run_id": turn.run_id, "messages": user_messages + result.messages,
+            "usages": [(u.prompt_tokens, u.completion_tokens) for u in model.usages],
+            "price": profile.cost if profile is not None else None,
+            "rearm_warning": context is not None and context.rearm_warning,
+        }
 
     def _turn_settings(self, turn: _Turn) -> ToolSettings:  # _settings of the last message, once
         if turn.settings is None:

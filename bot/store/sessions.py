@@ -121,23 +121,28 @@ class SessionStore:
         ), more
 
     async def record_run(
-        self,
-        session_key: str,
-        run_id: str,
-        messages: Sequence[Message],
-        usages: Sequence[tuple[int, int]],
-        *,
-        price: Callable[[int, int], float | None] | None = None,
-        rearm_warning: bool = False,
+        self, session_key: str, run_id: str, messages: Sequence[Message], usages: Sequence[tuple[int, int]], *,
+        price: Callable[[int, int], float | None] | None = None, rearm_warning: bool = False,
     ) -> tuple[int, int]:
         """In one round trip, each applied once: :meth:`append`, a :meth:`record_usage` per LLM
         call (``run_id:i``), the run's :meth:`record_run_cost` (priced by ``price``) and,
         with ``rearm_warning``, the context warning cleared. Returns the stored message
         count and the compaction count after, what the compaction trigger needs."""
+        pipe = self._client.pipeline(transaction=False)
+        counts = self.queue_record_run(pipe, session_key, run_id, messages, usages, price=price,
+                                       rearm_warning=rearm_warning)
+        return counts(await pipe.execute())
+
+    def queue_record_run(
+        self, pipe: Pipeline, session_key: str, run_id: str, messages: Sequence[Message],
+        usages: Sequence[tuple[int, int]], *, price: Callable[[int, int], float | None] | None = None,
+        rearm_warning: bool = False,
+    ) -> Callable[[Sequence[Any]], tuple[int, int]]:
+        """:meth:`record_run` queued on ``pipe``, to travel in another step's round trip;
+        returns what reads its two counts from that pipeline's replies."""
         if not run_id:
             raise ValueError("record_run needs a non-empty run_id (it makes the writes idempotent)")
         keys = self._session_keys(session_key)
-        pipe = self._client.pipeline(transaction=False)
         payload = [_encode(m) for m in messages]
         queue_script(pipe, self._append, keys, [*self._common(f"a:{run_id}", session_key), self.max_messages, *payload])
         for index, (prompt_tokens, completion_tokens) in enumerate(usages):
@@ -152,8 +157,8 @@ class SessionStore:
             pipe.hdel(self._keys.session_meta(session_key), "context_warned")
         pipe.llen(self._keys.session_messages(session_key))
         pipe.hget(self._keys.session_meta(session_key), "compactions")
-        replies = await pipe.execute()
-        return int(replies[-2]), int(replies[-1] or 0)
+        end = len(pipe)
+        return lambda replies: (int(replies[end - 2]), int(replies[end - 1] or 0))
 
     async def snapshot(self, session_key: str) -> SessionSnapshot:
         """History, version and summary in one consistent read (MULTI/EXEC)."""

@@ -1,0 +1,76 @@
+"""A run is recorded in the round trip that saves its result and claims its first part,
+before anything is sent: one store request fewer per message, and a crash after that
+step leaves history and ledger agreeing (the retry neither asks the model again nor
+sends twice). Against the fake OpenAI server and a real Redis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.fakes.store_requests import StoreRequests
+from tests.integration.gateway_harness import chat_request, dm_session, roles, running_daemon
+
+
+async def test_the_reply_is_recorded_with_its_first_claim(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot,
+    ):
+        fake.script(Reply.text("hello back"))
+        requests = StoreRequests(monkeypatch)
+        req = chat_request("hello")
+        await bot.submit(req)
+        await bot.channel.wait_for(lambda ch: ch.texts("part") == ["hello back"])
+        await bot.wait_idle()
+        history = bot.keys.session_messages(dm_session())
+        claims = requests.commands(bot.keys.delivery(req.run_id))
+        # The claim of part 0 (saving the result) carries the append and the usage records.
+        first = claims[0].split("+")
+        assert first[0] == "MULTI" and first[-1] == "EXEC"
+        assert {"SET", "HSETNX", "EVAL", "LLEN"} <= set(first)
+        # The history is touched twice in all: the run's first read, and that claim.
+        touched = requests.commands(history)
+        assert len(touched) == 2 and touched[0].startswith("LRANGE") and touched[1] == claims[0]
+        assert roles(await bot.history()) == ["user", "assistant"]
+
+
+async def test_a_silent_reply_is_recorded_with_its_saved_result(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot,
+    ):
+        fake.script(Reply.text("NO_REPLY"))
+        requests = StoreRequests(monkeypatch)
+        req = chat_request("nothing to say")
+        await bot.submit(req)
+        await bot.wait_idle()
+        saves = requests.commands(bot.keys.result(req.run_id))
+        assert "EVAL" in saves[0].split("+") and "SET" in saves[0].split("+")
+        assert bot.channel.texts("part") == []
+        assert roles(await bot.history()) == ["user", "assistant"]
+
+
+async def test_a_failed_send_still_leaves_the_run_recorded_once(
+    tmp_path: Path, redis_url: str, redis_prefix: str
+) -> None:
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot,
+    ):
+        fake.script(Reply.text("this send fails"))
+        bot.channel.fail_deliveries = 1
+        req = chat_request("hello")
+        await bot.submit(req)
+        await bot.wait_idle()
+        history = await bot.history()
+        assert roles(history) == ["user", "assistant"]
+        assert history[-1].content == "this send fails"
+        assert (await bot.app.ledger.states(req.run_id))["0"].startswith("failed:")
+        assert len(fake.requests) == 1  # asked once
