@@ -29,7 +29,7 @@ from redis.asyncio.client import Pipeline
 from agent.types import RunRequest
 from bot.store.keys import Keys
 from bot.store.locks import Lease
-from bot.store.owned import OwnedKeys, queue_script, ttl_ms
+from bot.store.owned import OwnedKeys, RideAlong, execute_with, queue_script, ttl_ms
 
 _ENQUEUE = """
 if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
@@ -228,17 +228,26 @@ class Inbox:
         """Work a previous holder took but never finished (it died or lost its lock)."""
         return taken(await self._r.lrange(self._running(session_key), 0, -1))
 
-    async def finish(self, session_key: str, run_id: str | None = None, *, lock: Lease | None = None) -> bool:
+    async def finish(
+        self, session_key: str, run_id: str | None = None, *, lock: Lease | None = None, also: RideAlong | None = None
+    ) -> bool:
         """Forget the running batch, and with ``run_id`` the result it saved for a retry
         (kept a week otherwise, for nothing); True when more messages are already waiting.
         With the session's ``lock``, release it in the same step when none are (the lock
-        then reads as not held); else it stays held for the next batch."""
+        then reads as not held); else it stays held for the next batch. ``also``'s writes
+        travel in the same round trip."""
         keys = [self._running(session_key), self._inbox(session_key), self._pending,
                 self._keys.result(run_id) if run_id else ""]
         token = lock.token if lock is not None else None
         if lock is not None and token is not None:
             keys.append(lock.key)
-        state = await self._finish(keys=keys, args=[session_key, token or ""])
+        args = [session_key, token or ""]
+        if also is None:
+            state = await self._finish(keys=keys, args=args)
+        else:
+            pipe = self._r.pipeline(transaction=False)
+            queue_script(pipe, self._finish, keys, args)
+            state = (await execute_with(pipe, also))[0]
         if state == 2 and lock is not None:  # 2 only when our token held the key
             lock.forget()
         return state == 1

@@ -28,6 +28,7 @@ from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sani
 from agent.types import DeliveryStatus, RunKind, RunResult
 from bot import metrics
 from bot.store.keys import Keys
+from bot.store.owned import RideAlong, execute_with
 from channels.base import ChannelAdapter, ReplyStream, Target, ToolActivity
 
 if TYPE_CHECKING:
@@ -36,10 +37,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 _TTL_S = 7 * 24 * 3600
-
-# Writes that travel in the round trip of the reply's first store step (the run's history,
-# recorded as its result is saved): queued on that pipeline, then handed all its replies.
-RideAlong = Callable[[Pipeline], Callable[[list[Any]], None]]
 
 
 class DeliveryLedger:
@@ -66,7 +63,7 @@ class DeliveryLedger:
         pipe.hsetnx(key, part, "sending")
         claimed = len(pipe) - 1
         pipe.expire(key, _TTL_S)
-        return bool((await _execute(pipe, also))[claimed])
+        return bool((await execute_with(pipe, also))[claimed])
 
     async def release(self, run_id: str, part: str) -> None:
         """Forget a claim whose send surely did not happen, so it may be claimed again."""
@@ -75,26 +72,24 @@ class DeliveryLedger:
     async def mark(self, run_id: str, part: str, state: str) -> None:
         await self._r.hset(self._parts(run_id), part, state)
 
+    def mark_along(self, run_id: str, part: str, state: str) -> RideAlong:
+        """:meth:`mark`, to ride along another step's round trip."""
+        def queue(pipe: Pipeline) -> Callable[[list[Any]], None]:
+            pipe.hset(self._parts(run_id), part, state)
+            return lambda replies: None
+        return queue
+
     async def states(self, run_id: str) -> dict[str, str]:
         return {str(k): str(v) for k, v in (await self._r.hgetall(self._parts(run_id))).items()}
 
     async def save_result(self, run_id: str, result: RunResult, *, also: RideAlong | None = None) -> None:
         pipe = self._r.pipeline(transaction=True)
         pipe.set(self._result(run_id), _result_json(result), ex=_TTL_S)
-        await _execute(pipe, also)
+        await execute_with(pipe, also)
 
     async def load_result(self, run_id: str) -> RunResult | None:
         raw = await self._r.get(self._result(run_id))
         return RunResult.model_validate_json(raw) if raw else None
-
-
-async def _execute(pipe: Pipeline, also: RideAlong | None) -> list[Any]:
-    """Run ``pipe`` with ``also``'s writes queued last, and hand them their replies."""
-    read = also(pipe) if also is not None else None
-    replies: list[Any] = await pipe.execute()
-    if read is not None:
-        read(replies)
-    return replies
 
 
 def _result_json(result: RunResult) -> str:
@@ -193,6 +188,10 @@ class Reply:
         self._last_preview = ""
         self._last_preview_at = 0.0
         self._started = False
+        # The last part's "sent" mark, left to ride along the run's finish in the inbox
+        # (``RunOutcome.also``): only the message id is lost if that never comes, and the
+        # part's claim alone keeps it from being sent twice.
+        self.deferred_mark: RideAlong | None = None
 
     async def start(self) -> None:
         self._started = True
@@ -274,7 +273,11 @@ class Reply:
                 if self._redelivery is not None:  # kept in the ledger, retried later with backoff
                     await self._redelivery.defer(self._run_id, index, part, self._target)
                 continue
-            await self._ledger.mark(self._run_id, key, f"sent:{message_id or ''}")
+            sent = f"sent:{message_id or ''}"
+            if index == len(parts) - 1:
+                self.deferred_mark = self._ledger.mark_along(self._run_id, key, sent)
+            else:
+                await self._ledger.mark(self._run_id, key, sent)
             metrics.DELIVERIES.labels(self._target.channel, "sent").inc()
             log.debug("delivery.sent", run_id=self._run_id, part=index, ms=round((time.monotonic() - started) * 1000))
         return status

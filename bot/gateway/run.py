@@ -42,9 +42,10 @@ from bot.gateway.attachments import Attachments
 from bot.gateway.context import RunContext, baseline_for
 from bot.gateway.observer import RunObserver
 from bot.gateway.prompt import system_prompt
-from bot.gateway.reply import DeliveryLedger, Reply, RideAlong, notify
+from bot.gateway.reply import DeliveryLedger, Reply, notify
 from bot.gateway.run_control import RETRY_REASONS, OutcomeStatus, RunControl, RunOutcome
 from bot.models import ModelCatalog, ModelProfile
+from bot.store.owned import RideAlong
 from bot.store.sessions import SessionStore
 from bot.tracing import Trace, TraceStore, TracingModel, clip, verbose
 from bot.workspaces import SessionWorkspaces
@@ -146,6 +147,7 @@ class RunExecutor:
             outcome = await self._execute(turn, control)
         finally:
             metrics.ACTIVE_RUNS.dec()
+        outcome.also = reply.deferred_mark
         metrics.RUNS.labels(outcome.status, first.kind).inc()
         metrics.RUN_SECONDS.labels(first.kind).observe(time.monotonic() - started)
         trace.status, trace.error, trace.finished_at = outcome.status, outcome.error, time.time()

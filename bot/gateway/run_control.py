@@ -4,10 +4,11 @@ after which its batch runs again instead of being recorded."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from agent.types import DeliveryStatus, RunRequest, RunStatus
+from bot.store.owned import RideAlong
 
 if TYPE_CHECKING:
     from redis.asyncio.client import Pipeline
@@ -50,3 +51,8 @@ class RunOutcome:
     delivery: DeliveryStatus | Literal["none"] = "none"
     error: str | None = None
     text: str = ""
+    also: RideAlong | None = None  # writes to ride along the finish of the batch in the inbox
+
+    def wire(self) -> dict[str, Any]:
+        """What other replicas are told (``also`` is this process's own business)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "also"}

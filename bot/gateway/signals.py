@@ -22,7 +22,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -174,7 +173,7 @@ class OutcomeBoard:
     async def publish(self, run_ids: list[str], outcome: RunOutcome) -> None:
         if not run_ids:
             return
-        data = json.dumps(asdict(outcome))
+        data = json.dumps(outcome.wire())
         pipe = self._r.pipeline(transaction=False)
         for run_id in run_ids:
             pipe.set(self._key(run_id), data, ex=OUTCOME_TTL_S)

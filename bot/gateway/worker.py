@@ -198,7 +198,7 @@ class Workers:
                 outcome = await self._run(session_key, batch, lock, await server_time(self._r), resumed=False)
             if outcome is None:
                 return  # left for a retry (shutdown, lock lost, store error)
-            if not await self._inbox.finish(session_key, batch[0].run_id, lock=lock):
+            if not await self._inbox.finish(session_key, batch[0].run_id, lock=lock, also=outcome.also):
                 return
             if self._slots.locked():
                 return  # others are waiting for a slot; the re-kick in _serve requeues us

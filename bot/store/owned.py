@@ -3,7 +3,7 @@
 Leases (locks.py), the adapters' key-value space (kv.py), the gateway's dedupe marks and
 the scheduler's running markers rest on the same compare-and-set Lua scripts, so they are
 written here once, with the two helpers every Lua user of the store shares
-(:func:`shared_script`, :func:`queue_script`). The scheduler may not import ``bot``: it receives :class:`OwnedKeys`
+(:func:`shared_script`, :func:`queue_script`, :func:`execute_with`). The scheduler may not import ``bot``: it receives :class:`OwnedKeys`
 through its port (``scheduler.ports.OwnedKeys``).
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -74,6 +74,20 @@ def queue_script(pipe: Pipeline, script: AsyncScript, keys: Sequence[str], args:
     """Queue ``script`` on ``pipe`` as an EVAL of its body: queued the usual way, redis-py
     first asks the server ``SCRIPT EXISTS``, a second round trip for every such pipeline."""
     pipe.eval(str(script.script), len(keys), *keys, *args)
+
+
+# Writes that travel in another step's round trip: queued last on that step's pipeline,
+# then handed all of its replies.
+RideAlong = Callable[[Pipeline], Callable[[list[Any]], None]]
+
+
+async def execute_with(pipe: Pipeline, also: RideAlong | None) -> list[Any]:
+    """Run ``pipe`` with ``also``'s writes queued last, and hand them their replies."""
+    read = also(pipe) if also is not None else None
+    replies: list[Any] = await pipe.execute()
+    if read is not None:
+        read(replies)
+    return replies
 
 
 class OwnedKeys:

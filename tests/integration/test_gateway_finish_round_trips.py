@@ -1,7 +1,9 @@
-"""A run is recorded in the round trip that saves its result and claims its first part,
-before anything is sent: one store request fewer per message, and a crash after that
-step leaves history and ledger agreeing (the retry neither asks the model again nor
-sends twice). Against the fake OpenAI server and a real Redis."""
+"""How a run's end reaches the store, against the fake OpenAI server and a real Redis.
+
+The run is recorded in the round trip that saves its result and claims its first part,
+before anything is sent, so a crash after that step leaves history and ledger agreeing
+(the retry neither asks the model again nor sends twice). The last part's "sent" mark
+rides along the batch's finish in the inbox. Two store requests fewer per message."""
 
 from __future__ import annotations
 
@@ -74,3 +76,44 @@ async def test_a_failed_send_still_leaves_the_run_recorded_once(
         assert history[-1].content == "this send fails"
         assert (await bot.app.ledger.states(req.run_id))["0"].startswith("failed:")
         assert len(fake.requests) == 1  # asked once
+
+
+async def test_the_last_sent_mark_rides_along_the_finish(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot,
+    ):
+        fake.script(Reply.text("hello back"))
+        requests = StoreRequests(monkeypatch)
+        req = chat_request("hello")
+        await bot.submit(req)
+        await bot.channel.wait_for(lambda ch: ch.texts("part") == ["hello back"])
+        await bot.wait_idle()
+        ledger = requests.commands(bot.keys.delivery(req.run_id))
+        assert len(ledger) == 2  # the claim, then the finish
+        assert ledger[1] == "EVAL+HSET" and bot.keys.running(dm_session()).encode() in (
+            requests.touching(bot.keys.delivery(req.run_id))[1]
+        )
+        assert (await bot.app.ledger.states(req.run_id))["0"].startswith("sent:")
+
+
+async def test_every_part_but_the_last_is_marked_at_once(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot,
+    ):
+        monkeypatch.setattr(bot.channel, "format_parts", lambda text: text.split("|"))
+        fake.script(Reply.text("one|two|three"))
+        requests = StoreRequests(monkeypatch)
+        req = chat_request("hello")
+        await bot.submit(req)
+        await bot.channel.wait_for(lambda ch: ch.texts("part") == ["one", "two", "three"])
+        await bot.wait_idle()
+        ledger = requests.commands(bot.keys.delivery(req.run_id))
+        assert ledger.count("HSET") == 2 and ledger[-1] == "EVAL+HSET"
+        states = await bot.app.ledger.states(req.run_id)
+        assert [states[str(i)][:5] for i in range(3)] == ["sent:"] * 3
