@@ -9,6 +9,7 @@ from files or from users is fenced and neutralized (see ``agent.prompt_files``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -114,10 +115,9 @@ def tooling_section(spec: PromptSpec) -> str:
     if not spec.tools:
         return _section("Tooling", "No tools are available in this run. Answer from what you know.")
     pairs = list(spec.tools.items() if isinstance(spec.tools, Mapping) else spec.tools)
-    lines = [f"- {single_line(name, 64)}: {single_line(desc, 300)}" for name, desc in sorted(pairs)]
     body = (
         "Tools available in this run:\n"
-        + "\n".join(lines)
+        + _tool_lines(tuple(sorted(pairs)))
         + "\n\nCall tools through the function-calling interface only; never write tool-call markup "
         "or invented tool results into your reply. Do not claim to have done something a tool "
         "did not confirm. Independent calls may be made together in one turn."
@@ -127,6 +127,13 @@ def tooling_section(spec: PromptSpec) -> str:
     if any(name == "send_file" for name, _ in pairs):
         body += " " + FILES_OUT
     return _section("Tooling", body)
+
+
+@functools.lru_cache(maxsize=64)
+def _tool_lines(pairs: tuple[tuple[str, str], ...]) -> str:
+    """One neutralized line per tool. The same few tool sets come back turn after turn, and
+    cleaning every description again was most of the system prompt's cost."""
+    return "\n".join(f"- {single_line(name, 64)}: {single_line(desc, 300)}" for name, desc in pairs)
 
 
 def safety_section(spec: PromptSpec) -> str:
