@@ -36,14 +36,17 @@ local function cap(n, max_messages)
   end
 end
 
-local function touch(bump_version)
+-- ids: the op ids applied (default: this script's one).
+local function touch(bump_version, ids)
   redis.call('HSETNX', meta, 'created_at', ARGV[2])
   redis.call('HSET', meta, 'last_activity', ARGV[2])
   if bump_version then
     redis.call('HINCRBY', meta, 'version', 1)
   end
-  local seq = redis.call('HINCRBY', meta, 'op_seq', 1)
-  redis.call('ZADD', ops, seq, op)
+  for _, id in ipairs(ids or {op}) do
+    local seq = redis.call('HINCRBY', meta, 'op_seq', 1)
+    redis.call('ZADD', ops, seq, id)
+  end
   redis.call('ZREMRANGEBYRANK', ops, 0, -(ops_bound + 1))
   redis.call('ZADD', index, ARGV[2], session_key)
   redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. tostring(now - ttl))
@@ -141,5 +144,54 @@ if ARGV[8] ~= '' then
 end
 touch(false)
 return 1
+"""
+)
+
+# A finished run in one script, each part applied once under the op id the single
+# scripts use (so it composes with them): the append (a:<run>, as APPEND), one usage
+# record per LLM call (u:<run>:<i>, as RECORD_USAGE) and, with any calls, the run's
+# totals (run:<run>, as RECORD_RUN); one round of bookkeeping for all of them.
+# ARGV[1] = the run id, ARGV[6] = max messages kept, ARGV[7] = n calls, then n pairs
+# (prompt, completion tokens), then with n > 0 the run's prompt, completion and cost
+# (or ''), then the messages as JSON. Returns {stored message count, compactions}.
+RECORD_FINISHED_RUN = (
+    _PRELUDE
+    + """
+local calls = tonumber(ARGV[7])
+local totals = 8 + 2 * calls
+local first_message = calls > 0 and totals + 3 or totals
+local done = {}
+local function fresh(id)
+  if redis.call('ZSCORE', ops, id) then
+    return false
+  end
+  done[#done + 1] = id
+  return true
+end
+local appended = false
+if fresh('a:' .. op) then
+  cap(push_from(first_message), tonumber(ARGV[6]))
+  appended = #ARGV >= first_message
+end
+for i = 1, calls do
+  local prompt, completion = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
+  if fresh('u:' .. op .. ':' .. (i - 1)) then
+    redis.call('HSET', meta, 'last_prompt_tokens', prompt, 'last_completion_tokens', completion)
+    redis.call('HINCRBY', meta, 'total_prompt_tokens', prompt)
+    redis.call('HINCRBY', meta, 'total_completion_tokens', completion)
+  end
+end
+if calls > 0 and fresh('run:' .. op) then
+  local cost = ARGV[totals + 2]
+  redis.call('HSET', meta, 'last_run_prompt_tokens', ARGV[totals], 'last_run_completion_tokens',
+             ARGV[totals + 1], 'last_run_cost', cost)
+  if cost ~= '' then
+    redis.call('HINCRBYFLOAT', meta, 'total_cost', cost)
+  end
+end
+if #done > 0 then
+  touch(appended, done)
+end
+return {redis.call('LLEN', messages), tonumber(redis.call('HGET', meta, 'compactions') or '0')}
 """
 )

@@ -78,6 +78,7 @@ class SessionStore:
         self._reset = client.register_script(session_scripts.RESET)
         self._usage = client.register_script(session_scripts.RECORD_USAGE)
         self._run_usage = client.register_script(session_scripts.RECORD_RUN)
+        self._record_run = client.register_script(session_scripts.RECORD_FINISHED_RUN)
 
     async def append(self, session_key: str, run_id: str, messages: Sequence[Message]) -> bool:
         """Append a run's messages, all or nothing. False when this run id was already applied.
@@ -124,10 +125,11 @@ class SessionStore:
         self, session_key: str, run_id: str, messages: Sequence[Message], usages: Sequence[tuple[int, int]], *,
         price: Callable[[int, int], float | None] | None = None, rearm_warning: bool = False,
     ) -> tuple[int, int]:
-        """In one round trip, each applied once: :meth:`append`, a :meth:`record_usage` per LLM
-        call (``run_id:i``), the run's :meth:`record_run_cost` (priced by ``price``) and,
-        with ``rearm_warning``, the context warning cleared. Returns the stored message
-        count and the compaction count after, what the compaction trigger needs."""
+        """In one script, each applied once: :meth:`append`, a :meth:`record_usage` per LLM
+        call (``run_id:i``) and the run's :meth:`record_run_cost` (priced by ``price``),
+        under the op ids those use; with ``rearm_warning``, the context warning cleared.
+        Returns the stored message count and the compaction count after, what the
+        compaction trigger needs."""
         pipe = self._client.pipeline(transaction=False)
         counts = self.queue_record_run(pipe, session_key, run_id, messages, usages, price=price,
                                        rearm_warning=rearm_warning)
@@ -142,23 +144,20 @@ class SessionStore:
         returns what reads its two counts from that pipeline's replies."""
         if not run_id:
             raise ValueError("record_run needs a non-empty run_id (it makes the writes idempotent)")
-        keys = self._session_keys(session_key)
-        payload = [_encode(m) for m in messages]
-        queue_script(pipe, self._append, keys, [*self._common(f"a:{run_id}", session_key), self.max_messages, *payload])
-        for index, (prompt_tokens, completion_tokens) in enumerate(usages):
+        args: list[str | int | float] = [*self._common(run_id, session_key), self.max_messages, len(usages)]
+        for prompt_tokens, completion_tokens in usages:
             _check_tokens(prompt_tokens, completion_tokens)
-            args = [*self._common(f"u:{run_id}:{index}", session_key), prompt_tokens, completion_tokens]
-            queue_script(pipe, self._usage, keys, args)
+            args += [prompt_tokens, completion_tokens]
         if usages:
             prompt, completion = sum(p for p, _ in usages), sum(c for _, c in usages)
             cost = price(prompt, completion) if price else None
-            queue_script(pipe, self._run_usage, keys, self._run_cost_args(session_key, run_id, prompt, completion, cost))
+            args += _run_totals(prompt, completion, cost)
+        args += [_encode(m) for m in messages]
         if rearm_warning:
             pipe.hdel(self._keys.session_meta(session_key), "context_warned")
-        pipe.llen(self._keys.session_messages(session_key))
-        pipe.hget(self._keys.session_meta(session_key), "compactions")
-        end = len(pipe)
-        return lambda replies: (int(replies[end - 2]), int(replies[end - 1] or 0))
+        queue_script(pipe, self._record_run, self._session_keys(session_key), args)
+        at = len(pipe) - 1
+        return lambda replies: (int(replies[at][0]), int(replies[at][1]))
 
     async def snapshot(self, session_key: str) -> SessionSnapshot:
         """History, version and summary in one consistent read (MULTI/EXEC)."""
@@ -235,12 +234,7 @@ class SessionStore:
     def _run_cost_args(
         self, session_key: str, run_id: str, prompt_tokens: int, completion_tokens: int, cost: float | None
     ) -> list[str | int | float]:
-        if min(prompt_tokens, completion_tokens) < 0 or (cost is not None and cost < 0):
-            raise ValueError("run usage must not be negative")
-        return [
-            *self._common(f"run:{run_id}", session_key), prompt_tokens, completion_tokens,
-            "" if cost is None else repr(float(cost)),
-        ]
+        return [*self._common(f"run:{run_id}", session_key), *_run_totals(prompt_tokens, completion_tokens, cost)]
 
     async def model(self, session_key: str) -> str | None:
         """The model this session switched to (``/model``), None for the default."""
@@ -318,6 +312,12 @@ def _check_tokens(prompt_tokens: int, completion_tokens: int) -> None:
     for name, value in (("prompt_tokens", prompt_tokens), ("completion_tokens", completion_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+
+
+def _run_totals(prompt_tokens: int, completion_tokens: int, cost: float | None) -> list[str | int | float]:
+    if min(prompt_tokens, completion_tokens) < 0 or (cost is not None and cost < 0):
+        raise ValueError("run usage must not be negative")
+    return [prompt_tokens, completion_tokens, "" if cost is None else repr(float(cost))]
 
 
 def _encode(message: Message) -> str:

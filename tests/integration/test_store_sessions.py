@@ -344,3 +344,35 @@ async def test_a_run_is_read_in_one_step_and_recorded_in_one_step(store: Session
     assert (await store.context(SK)).usage.total_cost == pytest.approx(0.34)
     assert not (await store.context(SK)).context_warned
     assert await store.note_context_warning(SK, True) is True
+
+
+async def test_a_recorded_run_composes_with_the_single_writes_of_the_same_run(
+    store: SessionStore, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    # A resumed run appended its messages already; its usage comes later, in one script.
+    assert await store.append(SK, "run-1", [Message.user("hi"), Message.assistant("hello")])
+    version = int(await redis_client.hget(keys.session_meta(SK), "version"))
+    assert await store.record_usage(SK, 100, 5, run_id="run-1:0")  # the first call's, as record_run names it
+    stored, _ = await store.record_run(
+        SK, "run-1", [Message.user("hi"), Message.assistant("hello")], [(100, 5), (120, 7)],
+    )
+    assert stored == 2  # not appended twice
+    assert int(await redis_client.hget(keys.session_meta(SK), "version")) == version  # history unchanged
+    usage = await store.usage(SK)
+    assert usage.total_prompt_tokens == 220 and usage.last_prompt_tokens == 120  # the first call once
+    assert (usage.last_run_prompt_tokens, usage.last_run_completion_tokens) == (220, 12)
+    ops = set(await redis_client.zrange(keys.session_ops(SK), 0, -1))
+    assert {"a:run-1", "u:run-1:0", "u:run-1:1", "run:run-1"} <= ops
+
+
+async def test_a_run_without_model_calls_records_only_its_messages(
+    store: SessionStore, redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    assert await store.record_run(SK, "run-1", [Message.user("blocked?")], []) == (1, 0)
+    usage = await store.usage(SK)
+    assert usage.total_prompt_tokens == 0 and usage.last_run_cost is None
+    assert set(await redis_client.zrange(keys.session_ops(SK), 0, -1)) == {"a:run-1"}
+    # Nothing at all to record: the history and its version stay as they were.
+    version = await redis_client.hget(keys.session_meta(SK), "version")
+    assert await store.record_run(SK, "run-2", [], []) == (1, 0)
+    assert await redis_client.hget(keys.session_meta(SK), "version") == version
