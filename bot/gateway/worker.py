@@ -154,9 +154,11 @@ class Workers:
                 finally:
                     # Released together with a look at the inbox (by the last finish, or
                     # here): a message that arrived meanwhile (its submitter saw the lock
-                    # held) is served again below.
-                    self._rekick.discard(session_key)  # a kick before the release is seen by it
+                    # held) is served again below. A kick before a release is seen by it;
+                    # one that came while the release's round trip was in flight (its
+                    # submitter saw the lock free) must stay in ``_rekick``.
                     if lock.token is not None:
+                        self._rekick.discard(session_key)
                         waiting = True
                         with contextlib.suppress(Exception):
                             waiting = await asyncio.shield(lock.release_and_check())
@@ -189,6 +191,7 @@ class Workers:
                 batch = await self._retry_guard(session_key, batch)
                 started_at = await server_time(self._r)
             if not batch:
+                self._rekick.discard(session_key)  # a kick before this finish is seen by it
                 await self._inbox.finish(session_key, lock=lock)
                 return
             outcome = await self._run(session_key, batch, lock, started_at, resumed=claim.resumed)
@@ -198,6 +201,7 @@ class Workers:
                 outcome = await self._run(session_key, batch, lock, await server_time(self._r), resumed=False)
             if outcome is None:
                 return  # left for a retry (shutdown, lock lost, store error)
+            self._rekick.discard(session_key)  # a kick before this finish is seen by it
             if not await self._inbox.finish(session_key, batch[0].run_id, lock=lock, also=outcome.also):
                 return
             if self._slots.locked():

@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from bot.gateway import worker
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.integration.gateway_harness import Gate, request_texts, roles, running_daemon
 
@@ -261,3 +265,34 @@ async def test_steer_mode_runs_a_message_that_missed_the_last_llm_call(
         assert request_texts(fake.requests[0]) == ["question one"]
         assert request_texts(fake.requests[1]) == ["question one", "question two"]
         assert roles(await bot.history()) == ["user", "assistant", "user", "assistant"]
+
+
+async def test_a_message_that_lands_while_the_last_finish_is_in_flight_is_served(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last finish releases the lock in Redis; a message submitted before its reply is
+    back sees the lock free and kicks the session while the old worker still runs. That kick
+    must start a new worker: nothing else would serve the message (the sweeper is off here;
+    in production it would wait for the sweeper's next pass, a second or more)."""
+    monkeypatch.setattr(worker, "SWEEP_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(worker, "QUIET_SWEEP_INTERVAL_S", 3600.0)
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot,
+    ):
+        fake.script(Reply.text("answer one"), Reply.text("answer two"))
+        inbox = bot.gateway.inbox
+        finish = inbox.finish
+        submitted: list[str] = []
+
+        async def finish_then_a_message(*args: Any, **kwargs: Any) -> bool:
+            more = await finish(*args, **kwargs)
+            if not submitted:  # the lock is free in Redis; the finishing worker has not seen it yet
+                submitted.append((await bot.send("question two")).status)
+            return more
+
+        monkeypatch.setattr(inbox, "finish", finish_then_a_message)
+        await bot.send("question one")
+        await bot.channel.wait_for(lambda ch: len(ch.texts("part")) == 2, timeout=10)
+        assert submitted == ["queued"]
+        assert bot.channel.texts("part") == ["answer one", "answer two"]
