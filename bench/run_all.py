@@ -175,6 +175,13 @@ def _store_ops(r: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+def _llm_request(r: dict[str, Any]) -> str:
+    rows = r["results"]
+    botd = rows["LLMClient.complete"]["us_per_request"]
+    return "; ".join(f"{name} {_fmt(row['us_per_request'], 0)} µs ({_fmt(botd / row['us_per_request'], 2)}×)"
+                     for name, row in rows.items())
+
+
 def _gateway(r: dict[str, Any]) -> str:
     parts = []
     if "overhead" in r:
@@ -251,6 +258,7 @@ SUMMARIZERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "loop_overhead": _loop_overhead,
     "text_throughput": _text_throughput,
     "store_ops": _store_ops,
+    "llm_request": _llm_request,
     "gateway": _gateway,
     "slack": _slack,
     "replicas": _replicas,
