@@ -18,7 +18,8 @@ Parts (in this order, all in one daemon):
   channel; *own* is e2e minus the time spent inside the model client (the HTTP round
   trip and SSE parsing of the fake's answer) for that message; *bare* is the same
   request sent straight through ``LLMClient``, for reference; *to idle* adds what a run
-  does after delivery (history append, usage, trace, inbox finish, lock release).
+  does after delivery (the last part's mark, the trace, the inbox finish and lock
+  release; the history append and usage go with the first part's claim).
 * memory — LLM latency 0; ``--memory-sessions`` new chats get one message each (100 in
   flight at a time); RSS after every tenth, right after the last reply and once the
   daemon has been quiet for 3 s (the final figure), and the Redis ``used_memory`` growth.

@@ -115,7 +115,7 @@ async def test_a_file_write_from_a_cut_stream_never_happens(rig: Rig) -> None:
     rig.llm.script_for("mkcutcall1", Reply.tool_calls([write], args_as="whole", cut_after=2))
     await rig.say(user, "mkcutcall1 save it")
     await eventually(lambda: count_mark(telegram_texts(rig.tg, user), "mkcutcall1") == 1, 20, "the answer")
-    await rig.finished(user, "the retried run")  # its messages are appended after delivery
+    await rig.finished(user, "the retried run")  # its run ended, its messages recorded
     assert not (rig.tmp / "ws" / "pwned.txt").exists()
     assert telegram_texts(rig.tg, user) == ["ack mkcutcall1"]
     assert await rig.history(user) == [("user", "mkcutcall1 save it"), ("assistant", "ack mkcutcall1")]

@@ -205,7 +205,7 @@ async def test_vision_history_keeps_the_newest_images_within_its_budget(
         assert texts[0].startswith("first\n[attachment: ")  # the old image's text stays
         # The stored session refers to the copies; it does not hold the pictures.
         await wait_until(lambda: len(tg.sent_messages(USER)) == 2, what="the second answer")
-        # The run is recorded after its answer is delivered: wait for that too.
+        # The session is read from the store: poll until the second run shows there.
         sessions = daemon.app.sessions  # type: ignore[union-attr]
         refs: list[str] = []
         for _ in range(250):

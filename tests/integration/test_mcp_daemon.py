@@ -47,7 +47,7 @@ async def test_chat_uses_mcp_tools_while_a_broken_server_is_retried(
         await bot.send("add them")
         await bot.channel.wait_for(lambda ch: ch.texts("part"), timeout=30)
         assert bot.channel.texts("part") == ["It is 42."]
-        await bot.wait_idle(timeout=30)  # the run's messages are appended after delivery
+        await bot.wait_idle(timeout=30)  # the run has ended, its messages recorded
         history = await bot.history()
         assert [m.content for m in history if m.role == "tool"] == ["42"]
         schemas = fake.requests[0]["tools"]
