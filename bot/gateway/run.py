@@ -96,6 +96,7 @@ class _Turn:
     bound: Any
     context: RunContext | None = None
     settings: ToolSettings | None = None  # the tool settings of the session's directory, once known
+    recorded: tuple[int, int] | None = None  # stored messages and compactions, once the run is recorded
 
     @property
     def profile(self) -> ModelProfile | None:
@@ -303,10 +304,8 @@ class RunExecutor:
         saved = result.model_copy(update={"messages": user_messages + result.messages, "text": text})
         # The run is recorded in the round trip that saves its result and claims the first
         # part, before the send; only when nothing is saved is it recorded on its own.
-        recorded: list[tuple[int, int]] = []
-        delivery = await turn.reply.finish(text, saved, also=self._recording(turn, user_messages, result, model,
-                                                                             recorded))
-        stored = recorded[0] if recorded else await self._persist(turn, user_messages, result, model)
+        delivery = await turn.reply.finish(text, saved, also=self._recording(turn, user_messages, result, model))
+        stored = turn.recorded or await self._persist(turn, user_messages, result, model)
         if deps.compactor is not None:
             try:
                 await deps.compactor.maybe_compact(
@@ -343,14 +342,14 @@ class RunExecutor:
         last call's, not the run's sum) and its cost; the stored message and compaction counts after."""
         return await self.deps.sessions.record_run(**self._record(turn, user_messages, result, model))
 
-    def _recording(
-        self, turn: _Turn, user_messages: list[Message], result: RunResult, model: TracingModel,
-        into: list[tuple[int, int]],
-    ) -> RideAlong:
-        """:meth:`_persist` riding along another step's round trip; its counts land in ``into``."""
+    def _recording(self, turn: _Turn, user_messages: list[Message], result: RunResult, model: TracingModel) -> RideAlong:
+        """:meth:`_persist` riding along another step's round trip; its counts land in ``turn.recorded``."""
         def queue(pipe: Pipeline) -> Callable[[list[Any]], None]:
             counts = self.deps.sessions.queue_record_run(pipe, **self._record(turn, user_messages, result, model))
-            return lambda replies: into.append(counts(replies))
+
+            def read(replies: list[Any]) -> None:
+                turn.recorded = counts(replies)
+            return read
         return queue
 
     def _record(self, turn: _Turn, user_messages: list[Message], result: RunResult, model: TracingModel) -> dict[str, Any]:

@@ -32,6 +32,7 @@ from bot.gateway.session_run import SessionRun
 from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time
 from bot.store.keys import Keys
 from bot.store.locks import SessionLock
+from bot.store.owned import RideAlong
 from channels.base import ChannelAdapter, Target
 
 log = structlog.get_logger(__name__)
@@ -154,9 +155,8 @@ class Workers:
                 finally:
                     # Released together with a look at the inbox (by the last finish, or
                     # here): a message that arrived meanwhile (its submitter saw the lock
-                    # held) is served again below. A kick before a release is seen by it;
-                    # one that came while the release's round trip was in flight (its
-                    # submitter saw the lock free) must stay in ``_rekick``.
+                    # held) is served again below. Kicks are forgotten just before a look
+                    # at the inbox, never after it (as in ``_finish``).
                     if lock.token is not None:
                         self._rekick.discard(session_key)
                         waiting = True
@@ -191,8 +191,7 @@ class Workers:
                 batch = await self._retry_guard(session_key, batch)
                 started_at = await server_time(self._r)
             if not batch:
-                self._rekick.discard(session_key)  # a kick before this finish is seen by it
-                await self._inbox.finish(session_key, lock=lock)
+                await self._finish(session_key, lock)
                 return
             outcome = await self._run(session_key, batch, lock, started_at, resumed=claim.resumed)
             while outcome == FOLD:
@@ -201,12 +200,20 @@ class Workers:
                 outcome = await self._run(session_key, batch, lock, await server_time(self._r), resumed=False)
             if outcome is None:
                 return  # left for a retry (shutdown, lock lost, store error)
-            self._rekick.discard(session_key)  # a kick before this finish is seen by it
-            if not await self._inbox.finish(session_key, batch[0].run_id, lock=lock, also=outcome.also):
+            if not await self._finish(session_key, lock, batch[0].run_id, outcome.also):
                 return
             if self._slots.locked():
                 return  # others are waiting for a slot; the re-kick in _serve requeues us
             claim = await self._inbox.claim(session_key)
+
+    async def _finish(
+        self, session_key: str, lock: SessionLock, run_id: str | None = None, also: RideAlong | None = None
+    ) -> bool:
+        """:meth:`Inbox.finish` with the lock. A kick from before it is seen by its look at the
+        inbox and forgotten; one that lands while its round trip is in flight (the submitter
+        saw the lock free) stays in ``_rekick``, and ``_serve`` serves the session again."""
+        self._rekick.discard(session_key)
+        return await self._inbox.finish(session_key, run_id, lock=lock, also=also)
 
     async def _retry_guard(self, session_key: str, batch: list[RunRequest]) -> list[RunRequest]:
         """Resume a batch a previous holder left; give up on it after MAX_ATTEMPTS."""

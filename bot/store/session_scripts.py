@@ -114,16 +114,33 @@ return 1
 """
 )
 
+# The usage writes, for the scripts that record usage: one LLM call's tokens, and a run's
+# totals with its cost ('' when unpriced).
+_USAGE = """
+local function add_call(prompt, completion)
+  redis.call('HSET', meta, 'last_prompt_tokens', prompt, 'last_completion_tokens', completion)
+  redis.call('HINCRBY', meta, 'total_prompt_tokens', prompt)
+  redis.call('HINCRBY', meta, 'total_completion_tokens', completion)
+end
+
+local function set_run(prompt, completion, cost)
+  redis.call('HSET', meta, 'last_run_prompt_tokens', prompt, 'last_run_completion_tokens', completion,
+             'last_run_cost', cost)
+  if cost ~= '' then
+    redis.call('HINCRBYFLOAT', meta, 'total_cost', cost)
+  end
+end
+"""
+
 # ARGV[6] = prompt tokens, ARGV[7] = completion tokens. 1 = recorded, 0 = already applied.
 RECORD_USAGE = (
     _PRELUDE
+    + _USAGE
     + """
 if applied() then
   return 0
 end
-redis.call('HSET', meta, 'last_prompt_tokens', ARGV[6], 'last_completion_tokens', ARGV[7])
-redis.call('HINCRBY', meta, 'total_prompt_tokens', ARGV[6])
-redis.call('HINCRBY', meta, 'total_completion_tokens', ARGV[7])
+add_call(ARGV[6], ARGV[7])
 touch(false)
 return 1
 """
@@ -133,15 +150,12 @@ return 1
 # or ''. 1 = recorded, 0 = already applied.
 RECORD_RUN = (
     _PRELUDE
+    + _USAGE
     + """
 if applied() then
   return 0
 end
-redis.call('HSET', meta, 'last_run_prompt_tokens', ARGV[6], 'last_run_completion_tokens', ARGV[7],
-           'last_run_cost', ARGV[8])
-if ARGV[8] ~= '' then
-  redis.call('HINCRBYFLOAT', meta, 'total_cost', ARGV[8])
-end
+set_run(ARGV[6], ARGV[7], ARGV[8])
 touch(false)
 return 1
 """
@@ -156,6 +170,7 @@ return 1
 # (or ''), then the messages as JSON. Returns {stored message count, compactions}.
 RECORD_FINISHED_RUN = (
     _PRELUDE
+    + _USAGE
     + """
 local calls = tonumber(ARGV[7])
 local totals = 8 + 2 * calls
@@ -174,20 +189,12 @@ if fresh('a:' .. op) then
   appended = #ARGV >= first_message
 end
 for i = 1, calls do
-  local prompt, completion = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
   if fresh('u:' .. op .. ':' .. (i - 1)) then
-    redis.call('HSET', meta, 'last_prompt_tokens', prompt, 'last_completion_tokens', completion)
-    redis.call('HINCRBY', meta, 'total_prompt_tokens', prompt)
-    redis.call('HINCRBY', meta, 'total_completion_tokens', completion)
+    add_call(ARGV[6 + 2 * i], ARGV[7 + 2 * i])
   end
 end
 if calls > 0 and fresh('run:' .. op) then
-  local cost = ARGV[totals + 2]
-  redis.call('HSET', meta, 'last_run_prompt_tokens', ARGV[totals], 'last_run_completion_tokens',
-             ARGV[totals + 1], 'last_run_cost', cost)
-  if cost ~= '' then
-    redis.call('HINCRBYFLOAT', meta, 'total_cost', cost)
-  end
+  set_run(ARGV[totals], ARGV[totals + 1], ARGV[totals + 2])
 end
 if #done > 0 then
   touch(appended, done)
