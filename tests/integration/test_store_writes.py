@@ -1,5 +1,5 @@
-"""The store's connections write without a timer per command, yet a write a server does
-not take still times out (``PromptWrite``)."""
+"""The store's connections pack commands in C and write without a timer per command, yet
+a write a server does not take still times out (``PromptWrite``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.connection import Connection
+from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from bot.store.connection import BoundedConnectionPool, PromptWrite, create_client
@@ -40,6 +42,34 @@ def test_every_kind_of_connection_writes_promptly(url: str) -> None:
     pool = BoundedConnectionPool.from_url(url)
     assert issubclass(pool.connection_class, PromptWrite)
     assert pool.connection_class.__name__.startswith("PromptWrite")
+
+
+PACKED: list[tuple[object, ...]] = [
+    ("GET", "k"),
+    ("CONFIG GET", "maxmemory"),  # a two-word command name goes as two arguments
+    ("EVAL", "return 1", 1, "k", 1.5, -0.0, 10**20, b"\x00\xff", "é", memoryview(b"ab"), bytearray(b"cd")),
+]
+
+
+@pytest.mark.parametrize("args", PACKED)
+def test_commands_are_packed_as_redis_py_packs_them(args: tuple[object, ...]) -> None:
+    prompt = BoundedConnectionPool.from_url("redis://127.0.0.1:6379/0").connection_class()
+    assert b"".join(prompt.pack_command(*args)) == b"".join(Connection().pack_command(*args))
+
+
+def test_a_pipeline_is_packed_as_redis_py_packs_it() -> None:
+    prompt = BoundedConnectionPool.from_url("redis://127.0.0.1:6379/0").connection_class()
+    commands = [("SET", "k", "v" * 10_000), ("GET", "k"), ("DEL", "k")]
+    assert b"".join(prompt.pack_commands(commands)) == b"".join(Connection().pack_commands(commands))
+
+
+@pytest.mark.parametrize("value", [None, True, object()])
+def test_a_value_redis_cannot_take_is_a_data_error(value: object) -> None:
+    prompt = BoundedConnectionPool.from_url("redis://127.0.0.1:6379/0").connection_class()
+    with pytest.raises(DataError):
+        prompt.pack_command("SET", "k", value)
+    with pytest.raises(UnicodeEncodeError):
+        prompt.pack_command("SET", "k", "\udc80")
 
 
 async def test_commands_round_trip(redis_url: str) -> None:
