@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from telegram import Bot
+from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup
 from telegram.error import BadRequest, NetworkError, TimedOut
 
 from channels.telegram.transport import AiohttpRequest
@@ -41,6 +41,15 @@ async def test_calls_go_out_as_form_fields_and_answers_become_objects(fake: Fake
     assert call.params == {"chat_id": 42, "text": "<b>hi</b> &amp; bye", "parse_mode": "HTML"}
     assert sent.message_id == fake.sent_messages(42)[0].message_id and sent.text == "hi & bye"
     assert await bot.send_chat_action(42, "typing") is True
+
+
+async def test_form_fields_keep_every_character_and_structure(fake: FakeTelegram, bot: Bot) -> None:
+    text = "a&b=c+d %20 é 😀\nline; #x ?y"
+    await bot.send_message(42, text, reply_markup=InlineKeyboardMarkup([[InlineKeyboardButton("ok", callback_data="c=1&d")]]))
+    [call] = fake.calls_to("sendMessage")
+    assert call.params["text"] == text
+    assert call.params["reply_markup"] == {"inline_keyboard": [[{"text": "ok", "callback_data": "c=1&d"}]]}
+    assert (await bot.get_me()).id == fake.bot_id  # a call with no fields at all
 
 
 async def test_an_error_answer_keeps_its_meaning(fake: FakeTelegram, bot: Bot) -> None:
