@@ -74,7 +74,7 @@ def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | N
     structlog.configure(
         processors=[*shared, structlog.processors.format_exc_info, redact_processor, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(file=out),
+        logger_factory=structlog.WriteLoggerFactory(file=out),  # one write per line
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(out)
