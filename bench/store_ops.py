@@ -138,6 +138,17 @@ async def client_cpu_rows(handle: RedisHandle, n: int, rounds: int = 12) -> list
                         samples.setdefault((name, what), []).append((time.process_time() - cpu) / n * 1e6)
     finally:
         await plain.aclose()
+    # Packing alone, as the inbox intake's EVALSHA (10 arguments): no socket involved.
+    packed = ("EVALSHA", "0" * 40, 4, *(f"botd:inbox:agent:main:telegram:dm:{i}" for i in range(4)),
+              "x" * 300, "1795541469.3267174", 12)
+    for name, cls in (("botd's client", pool.connection_class), ("redis-py's connection", plain_class)):
+        conn = cls(**pool.connection_kwargs)
+        for round_no in range(rounds + 1):
+            cpu = time.process_time()
+            for _ in range(n * 10):
+                conn.pack_command(*packed)
+            if round_no:
+                samples.setdefault((name, "pack EVALSHA"), []).append((time.process_time() - cpu) / (n * 10) * 1e6)
     return [{"client": name, "operation": what, "cpu_us_per_op": round(statistics.median(values), 1)}
             for (name, what), values in samples.items()]
 
