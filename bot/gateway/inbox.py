@@ -16,6 +16,7 @@ redeliver (Slack retries unanswered events, a restarted poller may see an update
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -242,14 +243,17 @@ class Inbox:
         if lock is not None and token is not None:
             keys.append(lock.key)
         args = [session_key, token or ""]
-        if also is None:
-            state = await self._finish(keys=keys, args=args)
-        else:
-            pipe = self._r.pipeline(transaction=False)
-            queue_script(pipe, self._finish, keys, args)
-            state = (await execute_with(pipe, also))[0]
-        if state == 2 and lock is not None:  # 2 only when our token held the key
-            lock.forget()
+        # A renewal racing the delete waits for this step rather than call the lock lost.
+        step = lock.releasing() if lock is not None and token is not None else contextlib.nullcontext()
+        async with step:
+            if also is None:
+                state = await self._finish(keys=keys, args=args)
+            else:
+                pipe = self._r.pipeline(transaction=False)
+                queue_script(pipe, self._finish, keys, args)
+                state = (await execute_with(pipe, also))[0]
+            if state == 2 and lock is not None:  # 2 only when our token held the key
+                lock.forget()
         return state == 1
 
     async def peek(self, session_key: str) -> RunRequest | None:

@@ -12,12 +12,13 @@ session key; plain :class:`Lease` serves leader election (e.g. Telegram polling)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypedDict, Unpack
 
 import redis.asyncio as aioredis
@@ -81,6 +82,7 @@ class Lease:
         self._watchdog: asyncio.Task[None] | None = None
         self._renewal: asyncio.TimerHandle | None = None  # starts the watchdog a third of the TTL in
         self._lost = asyncio.Event()
+        self._step_done: asyncio.Event | None = None  # set by ``releasing`` while its step runs
 
     @property
     def token(self) -> str | None:
@@ -151,6 +153,21 @@ class Lease:
         if self._auto_renew:
             # A timer, not a task: most holders release before the first renewal.
             self._renewal = asyncio.get_running_loop().call_later(self.ttl_s / 3, self._start_watch, token)
+
+    @contextlib.asynccontextmanager
+    async def releasing(self) -> AsyncIterator[None]:
+        """Around a step of the holder's that may delete the key (an owner-checked script
+        with other work, followed by :meth:`forget`). A renewal that finds the key gone
+        while the step runs waits for it: the step's own delete is not a loss, and its
+        ``forget`` ends the watchdog quietly; a key gone otherwise is a loss after the step."""
+        done = asyncio.Event()
+        self._step_done = done
+        try:
+            yield
+        finally:
+            if self._step_done is done:
+                self._step_done = None
+            done.set()
 
     def forget(self) -> None:
         """A script of the holder's deleted the key (owner-checked, with other work in one
@@ -229,6 +246,11 @@ class Lease:
                 pause = min(retry, max(0.0, self._valid_until - time.monotonic()))
                 continue
             if not renewed:
+                step = self._step_done
+                if step is not None:
+                    await step.wait()  # cancelled here by the step's forget() if it deleted the key
+                    if self._token != token:
+                        return
                 await self._declare_lost("taken over or expired")
                 return
             self._valid_until = sent + self.ttl_s

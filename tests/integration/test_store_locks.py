@@ -111,6 +111,38 @@ async def test_on_lost_fires_when_the_key_is_deleted_or_stolen(
         assert await redis_client.get(keys.lock(SK)) == "someone-else"
 
 
+async def test_a_renewal_racing_the_holders_own_delete_is_not_a_loss(
+    redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    # The worker's last finish deletes the lock in its script and forgets it on the reply;
+    # a renewal in between finds the key gone.
+    lost: list[str] = []
+    lock = SessionLock(redis_client, keys, SK, ttl_s=0.6, on_lost=lambda: lost.append("lost"))
+    await lock.acquire()
+    async with lock.releasing():
+        await redis_client.delete(keys.lock(SK))
+        await asyncio.sleep(0.6)  # renewals every 0.2 s find the key gone meanwhile
+        lock.forget()
+    await asyncio.sleep(0.3)
+    assert lost == [] and lock.token is None and not lock.is_held
+
+
+async def test_a_key_taken_during_a_step_that_kept_it_is_lost_after_the_step(
+    redis_client: aioredis.Redis, keys: Keys
+) -> None:
+    lost: list[str] = []
+    lock = SessionLock(redis_client, keys, SK, ttl_s=0.6, on_lost=lambda: lost.append("lost"))
+    await lock.acquire()
+    async with lock.releasing():
+        await redis_client.set(keys.lock(SK), "someone-else", px=10_000)
+        await asyncio.sleep(0.6)
+        assert lost == []  # the renewal waits for the step's verdict
+    await asyncio.wait_for(lock.wait_lost(), timeout=5)
+    assert lost == ["lost"] and not lock.is_held
+    await lock.release()
+    assert await redis_client.get(keys.lock(SK)) == "someone-else"
+
+
 async def test_on_lost_fires_when_redis_is_unreachable_for_a_ttl(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     handle = await open_redis(RedisConfig(), ws)
