@@ -246,11 +246,9 @@ class Lease:
                 pause = min(retry, max(0.0, self._valid_until - time.monotonic()))
                 continue
             if not renewed:
-                step = self._step_done
-                if step is not None:
-                    await step.wait()  # cancelled here by the step's forget() if it deleted the key
-                    if self._token != token:
-                        return
+                if self._step_done is not None:
+                    # The step's forget() cancels this wait if the step deleted the key.
+                    await self._step_done.wait()
                 await self._declare_lost("taken over or expired")
                 return
             self._valid_until = sent + self.ttl_s

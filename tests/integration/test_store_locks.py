@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -111,14 +112,22 @@ async def test_on_lost_fires_when_the_key_is_deleted_or_stolen(
         assert await redis_client.get(keys.lock(SK)) == "someone-else"
 
 
-async def test_a_renewal_racing_the_holders_own_delete_is_not_a_loss(
-    redis_client: aioredis.Redis, keys: Keys
-) -> None:
-    # The worker's last finish deletes the lock in its script and forgets it on the reply;
-    # a renewal in between finds the key gone.
+@pytest.fixture
+async def quick_renewals(redis_client: aioredis.Redis, keys: Keys) -> AsyncIterator[tuple[SessionLock, list[str]]]:
+    """A held lock renewed every 0.2 s, and the record of its ``on_lost`` calls."""
     lost: list[str] = []
     lock = SessionLock(redis_client, keys, SK, ttl_s=0.6, on_lost=lambda: lost.append("lost"))
     await lock.acquire()
+    yield lock, lost
+    await lock.release()
+
+
+async def test_a_renewal_racing_the_holders_own_delete_is_not_a_loss(
+    redis_client: aioredis.Redis, keys: Keys, quick_renewals: tuple[SessionLock, list[str]]
+) -> None:
+    # The worker's last finish deletes the lock in its script and forgets it on the reply;
+    # a renewal in between finds the key gone.
+    lock, lost = quick_renewals
     async with lock.releasing():
         await redis_client.delete(keys.lock(SK))
         await asyncio.sleep(0.6)  # renewals every 0.2 s find the key gone meanwhile
@@ -128,11 +137,9 @@ async def test_a_renewal_racing_the_holders_own_delete_is_not_a_loss(
 
 
 async def test_a_key_taken_during_a_step_that_kept_it_is_lost_after_the_step(
-    redis_client: aioredis.Redis, keys: Keys
+    redis_client: aioredis.Redis, keys: Keys, quick_renewals: tuple[SessionLock, list[str]]
 ) -> None:
-    lost: list[str] = []
-    lock = SessionLock(redis_client, keys, SK, ttl_s=0.6, on_lost=lambda: lost.append("lost"))
-    await lock.acquire()
+    lock, lost = quick_renewals
     async with lock.releasing():
         await redis_client.set(keys.lock(SK), "someone-else", px=10_000)
         await asyncio.sleep(0.6)
