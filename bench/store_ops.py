@@ -105,7 +105,8 @@ async def latency_rows(handle: RedisHandle, n: int) -> list[dict[str, Any]]:
 
 async def client_cpu_rows(handle: RedisHandle, n: int, rounds: int = 12) -> list[dict[str, Any]]:
     """This process's CPU per command, botd's client against redis-py's own connection
-    class on the same server (botd's connections skip the per-write ``wait_for``): short
+    class and pool on the same server (botd's connections skip the per-write ``wait_for``
+    and the timer per buffered reply, its pool the lock and the task per release): short
     runs of ``n`` commands, the two clients taking turns, the median per client (CPU
     time per command swings by a third from run to run on a shared machine)."""
     import redis.asyncio as aioredis
@@ -119,17 +120,20 @@ async def client_cpu_rows(handle: RedisHandle, n: int, rounds: int = 12) -> list
     async def get(client: Any) -> None:
         await client.get("bench:cpu")
 
-    async def pipeline(client: Any) -> None:
-        async with client.pipeline(transaction=False) as pipe:
+    async def pipeline(client: Any, transaction: bool = False) -> None:
+        async with client.pipeline(transaction=transaction) as pipe:
             pipe.get("bench:cpu")
             pipe.get("bench:cpu")
             pipe.hgetall("bench:none")
             await pipe.execute()
 
+    async def transaction(client: Any) -> None:
+        await pipeline(client, transaction=True)
+
     samples: dict[tuple[str, str], list[float]] = {}
     try:
         for round_no in range(rounds + 1):  # the first round warms up
-            for what, op in (("GET", get), ("pipeline of 3", pipeline)):
+            for what, op in (("GET", get), ("pipeline of 3", pipeline), ("MULTI/EXEC of 3", transaction)):
                 for name, client in clients.items():
                     cpu = time.process_time()
                     for _ in range(n):
