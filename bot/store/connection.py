@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
+import hiredis
 import redis.asyncio as aioredis
 import structlog
 from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
@@ -92,6 +93,13 @@ class PromptWrite(AbstractConnection):
 
     def pack_command(self, *args: Any) -> list[bytes]:
         # Same bytes as redis-py's packer; a value it cannot send is a DataError in both.
+        # A one-word name and plain values go to hiredis as they are; redis-py's packer
+        # (which splits "SCRIPT LOAD" and copies byte arrays) takes the rest.
+        if type(args[0]) is str and args[0].isalpha():
+            try:
+                return [hiredis.pack_command(args)]
+            except TypeError:
+                pass
         return self._packer.pack(*args)
 
     async def read_response(

@@ -47,6 +47,9 @@ def test_every_kind_of_connection_writes_promptly(url: str) -> None:
 PACKED: list[tuple[object, ...]] = [
     ("GET", "k"),
     ("CONFIG GET", "maxmemory"),  # a two-word command name goes as two arguments
+    (b"CONFIG GET", "maxmemory"),
+    ("get", "k"),
+    ("EVALSHA", "0" * 40, 2, "a", "b", "x" * 300, 1795541469.3267174, 12, b"raw"),
     ("EVAL", "return 1", 1, "k", 1.5, -0.0, 10**20, b"\x00\xff", "é", memoryview(b"ab"), bytearray(b"cd")),
 ]
 
