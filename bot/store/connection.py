@@ -81,7 +81,7 @@ def redact_url(url: str) -> str:
 class PromptWrite(AbstractConnection):
     """A connection whose writes cost what they must. Commands are packed by hiredis, as
     redis-py's own synchronous client does (its asyncio client packs in Python: 6.5 µs for
-    an intake's EVALSHA against 2.8). Writes skip ``asyncio.wait_for`` when there is
+    an intake's EVALSHA against 1.1). Writes skip ``asyncio.wait_for`` when there is
     nothing to wait for: redis-py wraps every write in it, and on Python 3.11 that creates
     a task and costs an extra loop turn per command, about a third of a GET's CPU. A write
     the socket takes at once cannot time out: only one that leaves bytes buffered (a slow
