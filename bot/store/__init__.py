@@ -1,7 +1,8 @@
 """The Redis layer of botd (DESIGN.md §4.5): one client factory, key names, sessions,
 locks and leases and the adapters' key-value space (inbound dedupe is the gateway's).
 
-- ``connection.py``  the client factory: bounded timeouts, retries and connections.
+- ``connection.py``  the client factory: bounded timeouts and retries; opening the store.
+- ``pool.py``        the connection class and bounded pool behind every client.
 - ``embedded.py``    the workspace's private Valkey, when ``redis.url`` is unset.
 - ``keys.py``        every key name, in one place.
 - ``owned.py``       keys that hold their owner's token; scripts queued on pipelines.

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from redis.asyncio.connection import AbstractConnection
 
-from bot.store.connection import PromptWrite
+from bot.store.pool import PromptWrite
 
 
 class StoreRequests:

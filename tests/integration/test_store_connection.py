@@ -315,7 +315,7 @@ async def test_a_burst_of_commands_shares_a_bounded_number_of_connections(redis_
 
 
 async def test_a_command_that_finds_no_free_connection_fails_clearly_in_time(redis_url: str) -> None:
-    from bot.store.connection import BoundedConnectionPool
+    from bot.store.pool import BoundedConnectionPool
 
     pool = BoundedConnectionPool.from_url(redis_url, max_connections=1, wait_s=0.2, decode_responses=True)
     held = await pool.get_connection()
@@ -328,7 +328,7 @@ async def test_a_command_that_finds_no_free_connection_fails_clearly_in_time(red
 
 
 async def test_a_cancelled_waiter_passes_its_turn_on(redis_url: str) -> None:
-    from bot.store.connection import BoundedConnectionPool
+    from bot.store.pool import BoundedConnectionPool
 
     pool = BoundedConnectionPool.from_url(redis_url, max_connections=1, wait_s=5, decode_responses=True)
     held = await pool.get_connection()
@@ -346,7 +346,7 @@ async def test_a_cancelled_waiter_passes_its_turn_on(redis_url: str) -> None:
 
 
 async def test_waiters_are_served_in_order_and_a_cancelled_one_leaves_no_trace(redis_url: str) -> None:
-    from bot.store.connection import BoundedConnectionPool
+    from bot.store.pool import BoundedConnectionPool
 
     pool = BoundedConnectionPool.from_url(redis_url, max_connections=1, wait_s=5, decode_responses=True)
     held = await pool.get_connection()

@@ -18,7 +18,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bot.store.connection import BoundedConnectionPool, create_client
+from bot.store.connection import create_client
+from bot.store.pool import BoundedConnectionPool
 
 HANDSHAKE = b"%1\r\n+proto\r\n:3\r\n" + b"+OK\r\n" * 3  # HELLO 3, then three CLIENT subcommands
 MARKER = "botd-canned"
@@ -138,32 +139,27 @@ async def test_error_replies_keep_their_places(redis_url: str) -> None:
         await client.aclose()
 
 
-async def test_a_reply_cut_short_still_times_out(canned_server: Serve) -> None:
-    port = await canned_server(b"+OK\r\n$11\r\nhello")  # the second reply never ends
+@pytest.mark.parametrize(
+    ("second_reply", "error", "match"),
+    [
+        (b"$11\r\nhello", RedisTimeoutError, "Timeout reading"),  # the second reply never ends
+        (b"-ERR max number of clients reached\r\n", RedisConnectionError, "max number of clients"),
+    ],
+    ids=["a reply cut short still times out", "a connection error reply drops the connection"],
+)
+async def test_a_broken_second_reply_drops_the_connection(
+    canned_server: Serve, second_reply: bytes, error: type[Exception], match: str
+) -> None:
+    port = await canned_server(b"+OK\r\n" + second_reply)
     client = no_retries(port)
     try:
         async with client.pipeline(transaction=False) as pipe:
             pipe.echo(MARKER)
             pipe.echo("hello world")
-            with pytest.raises(RedisTimeoutError, match="Timeout reading"):
+            with pytest.raises(error, match=match):
                 await asyncio.wait_for(pipe.execute(), 5)
         pool = client.connection_pool
         assert not any(c.is_connected for c in pool._available_connections)  # dropped, not reused
-    finally:
-        await client.aclose()
-
-
-async def test_a_connection_error_reply_drops_the_connection(canned_server: Serve) -> None:
-    port = await canned_server(b"+OK\r\n-ERR max number of clients reached\r\n")
-    client = no_retries(port)
-    try:
-        async with client.pipeline(transaction=False) as pipe:
-            pipe.echo(MARKER)
-            pipe.echo("second")
-            with pytest.raises(RedisConnectionError, match="max number of clients"):
-                await asyncio.wait_for(pipe.execute(), 5)
-        pool = client.connection_pool
-        assert not any(c.is_connected for c in pool._available_connections)
     finally:
         await client.aclose()
 

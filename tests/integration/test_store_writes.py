@@ -13,7 +13,8 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from bot.store.connection import BoundedConnectionPool, PromptWrite, create_client
+from bot.store.connection import create_client
+from bot.store.pool import BoundedConnectionPool, PromptWrite
 
 
 @pytest.fixture
