@@ -38,7 +38,9 @@ TEXT = "Message {i}: please give me a short status update on the nightly deploym
 @dataclass
 class BenchChannel(RecordingChannel):
     """RecordingChannel that also resolves waiters: per (chat, kind) for parts and notices,
-    per run for the first preview. ``keep=False`` stops the recording lists from growing."""
+    per run for the first preview. ``keep=False`` stops the recording lists from growing
+    (the sent parts, previews, streams opened and discarded): they are the bench's, not
+    botd's, and a long run would otherwise count them in botd's RSS."""
 
     keep: bool = True
     waiters: dict[tuple[str, str], asyncio.Future[float]] = field(default_factory=dict)
@@ -46,6 +48,8 @@ class BenchChannel(RecordingChannel):
 
     def __post_init__(self) -> None:
         self.previews = _PreviewList(self)
+        self.opened = _KeptList(self)
+        self.discarded = _KeptList(self)
 
     def expect(self, chat_id: str, kind: str = "part") -> asyncio.Future[float]:
         fut: asyncio.Future[float] = asyncio.get_running_loop().create_future()
@@ -65,17 +69,24 @@ class BenchChannel(RecordingChannel):
             super()._record(item)
 
 
-class _PreviewList(list[tuple[str, str]]):
+class _KeptList(list[Any]):
+    """A recording list that grows only while its channel keeps records."""
+
     def __init__(self, channel: BenchChannel) -> None:
         super().__init__()
         self._channel = channel
 
+    def append(self, item: Any) -> None:
+        if self._channel.keep:
+            super().append(item)
+
+
+class _PreviewList(_KeptList):
     def append(self, item: tuple[str, str]) -> None:
         fut = self._channel.preview_waiters.pop(item[0], None)
         if fut is not None and not fut.done():
             fut.set_result(time.perf_counter())
-        if self._channel.keep:
-            super().append(item)
+        super().append(item)
 
 
 class TimedModel:
