@@ -156,8 +156,7 @@ class BoundedConnectionPool(aioredis.ConnectionPool):
                     deadline = asyncio.get_running_loop().time() + self._wait_s
                 await self._wait_turn(deadline)
             if self._available_connections and not self._lock.locked():
-                connection = self._available_connections.pop()
-                self._in_use_connections.add(connection)
+                connection = self.get_available_connection()  # an idle one: no new socket
                 try:
                     await self.ensure_connection(connection)
                 except BaseException:
