@@ -29,23 +29,31 @@ Parts (``--parts``, in this order):
   the same moment; time until all are answered, p50/p99 per chat (from the burst start).
 * load — ``--sessions`` chats at once × ``--session-messages`` messages each (the next
   once the previous answer arrived) at ``--load-latency-ms``, against the ideal.
+* memory — in a botd of its own (so the load's peak does not count), direct messages
+  open to anyone: ``--memory-sessions`` new chats, one message each, ``--memory-in-flight``
+  at a time, LLM latency 0; RSS of botd and of its Valkey ``--settle-s`` after the last
+  answer, and the store's ``used_memory`` per session. Not on the console (one chat).
 
-The tree's RSS is read at the end. Prints a table and writes bench/paths.json.
+The tree's RSS is also read at the end of the other parts. Prints a table and writes
+bench/paths.json.
 
     .venv/bin/python bench/paths.py [--paths telegram-polling,slack-socket,...]
-        [--parts cpu,lone,idle,burst,load] [--messages 100] [--burst 200]
+        [--parts cpu,lone,idle,burst,load,memory] [--messages 100] [--burst 200]
         [--burst-latency-ms 0,500] [--sessions 1000] [--session-messages 5]
-        [--load-latency-ms 500] [--idle-s 20] [--quick]
+        [--load-latency-ms 500] [--idle-s 20] [--memory-sessions 10000]
+        [--memory-in-flight 100] [--settle-s 3] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import shutil
 import signal
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +70,7 @@ from bench.paths_parts import (  # noqa: E402
     part_burst,
     part_idle,
     part_load,
+    part_memory,
     part_sequential,
     warm_up,
 )
@@ -69,9 +78,10 @@ from bench.paths_probes import LogTail, StoreProbe, log_events, tree_cpu  # noqa
 from bench.paths_rig import PATHS, base_config, open_path  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "paths.json"
-PARTS = ("cpu", "lone", "idle", "burst", "load")
+PARTS = ("cpu", "lone", "idle", "burst", "load", "memory")
 WARMUP_CHATS = 3  # one message each before anything is measured
-QUICK = {"messages": 20, "warmup": 5, "burst": 50, "sessions": 50, "session_messages": 2, "idle_s": 3.0}
+QUICK = {"messages": 20, "warmup": 5, "burst": 50, "sessions": 50, "session_messages": 2, "idle_s": 3.0,
+         "memory_sessions": 200}
 
 
 class DroppedRequests(logging.Handler):
@@ -94,19 +104,9 @@ async def measure_path(name: str, args: argparse.Namespace, llm: Any, http: aioh
     """Fills ``result`` part by part, so what was measured survives a later failure."""
     parts = set(args.parts)
     console = name == "console"
-    sessions = WARMUP_CHATS + SEQUENTIAL_CHATS + args.burst * len(args.burst_latency_ms) + args.sessions
-    workdir = tmp / name
-    workdir.mkdir()
-    config = base_config(workdir / "ws", llm, args.max_concurrent_runs, args.debounce_ms)
-    async with http.post(f"{llm.root}/_fake/reset") as resp:
-        resp.raise_for_status()
-    dropped = DROPPED.count
-    async with open_path(name, workdir, config, sessions, http, args.redeliver_s) as path:
-        store = StoreProbe(path.workspace)
-        b = Bench(path, llm, http, store, LogTail(path.log_path), args.reply_timeout)
-        try:
-            for session in b.fresh(WARMUP_CHATS):  # imports, connections, caches: not measured
-                await warm_up(b, session)
+    if parts - {"memory"}:
+        sessions = WARMUP_CHATS + SEQUENTIAL_CHATS + args.burst * len(args.burst_latency_ms) + args.sessions
+        async with measured(name, args, llm, http, tmp / name, sessions, result) as b:
             if parts & {"cpu", "lone"}:
                 result["sequential"] = await part_sequential(b, args.messages, args.warmup)
                 show(name, "sequential", result["sequential"])
@@ -121,7 +121,31 @@ async def measure_path(name: str, args: argparse.Namespace, llm: Any, http: aioh
             if "load" in parts and not console:
                 result["load"] = await part_load(b, args.sessions, args.session_messages, args.load_latency_ms)
                 show(name, "load", result["load"])
-            result["tree_rss_mib"] = mib(tree_cpu(path.pid).rss)
+            result["tree_rss_mib"] = mib(tree_cpu(b.path.pid).rss)
+    if "memory" in parts and not console:
+        # A botd of its own: what 10,000 sessions leave behind, not what the load's peak did.
+        result["memory"] = memory = {}
+        async with measured(name, args, llm, http, tmp / f"{name}-memory", None, memory) as b:
+            memory |= await part_memory(b, args.memory_sessions, args.memory_in_flight, args.settle_s)
+            show(name, "memory", memory)
+
+
+@contextlib.asynccontextmanager
+async def measured(name: str, args: argparse.Namespace, llm: Any, http: aiohttp.ClientSession, workdir: Path,
+                   sessions: int | None, result: dict[str, Any]) -> AsyncIterator[Bench]:
+    """One botd on ``name``, warmed up, with what reads it; its log's events go to ``result``."""
+    await asyncio.to_thread(workdir.mkdir)
+    config = base_config(workdir / "ws", llm, args.max_concurrent_runs, args.debounce_ms)
+    async with http.post(f"{llm.root}/_fake/reset") as resp:
+        resp.raise_for_status()
+    dropped = DROPPED.count
+    async with open_path(name, workdir, config, sessions, http, args.redeliver_s) as path:
+        store = StoreProbe(path.workspace)
+        b = Bench(path, llm, http, store, LogTail(path.log_path), args.reply_timeout)
+        try:
+            for session in b.fresh(WARMUP_CHATS):  # imports, connections, caches: not measured
+                await warm_up(b, session)
+            yield b
             result["requests_dropped_by_botd"] = DROPPED.count - dropped
         finally:
             await store.close()
@@ -129,7 +153,7 @@ async def measure_path(name: str, args: argparse.Namespace, llm: Any, http: aioh
     result["log_events"] = log_events(log_path)
     if args.log_dir is not None:
         args.log_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(log_path, args.log_dir / f"{name}.log")
+        shutil.copyfile(log_path, args.log_dir / f"{workdir.name}.log")
 
 
 def show(name: str, part: str, r: dict[str, Any]) -> None:
@@ -179,6 +203,7 @@ def rows(report: dict[str, Any]) -> list[list[Any]]:
             lone.get("p50_ms", nan), lone.get("p99_ms", nan), "; ".join(bursts) or "–",
             load_cell(load),
             load.get("cpu_ms_per_message", nan), idle.get("cpu_ms_per_s_exact", nan), r.get("tree_rss_mib", nan),
+            memory_cell(r.get("memory") or {}),
         ])
     return out
 
@@ -190,9 +215,18 @@ def load_cell(load: dict[str, Any]) -> str:
     return f"{load['seconds']} s = {load['vs_ideal']}×" + (f" ({lost} unanswered)" if lost else "")
 
 
+def memory_cell(memory: dict[str, Any]) -> str:
+    after = memory.get("after")
+    if not after:
+        return "–"
+    lost = memory["missing"] + memory["refused"]
+    return (f"{after['botd_rss_mib']} + {after['store_rss_mib']} = {after['tree_rss_mib']}"
+            + (f" ({lost} unanswered)" if lost else ""))
+
+
 HEADERS = ("path", "CPU ms/msg p50", "CPU ms/msg total", "store cmds/msg", "round trips/msg", "lone p50 ms",
            "lone p99 ms", "burst: all answered s (p50/p99)", "load vs ideal", "load CPU ms/msg", "idle ms/s",
-           "RSS MiB")
+           "RSS MiB at the end", "RSS MiB after 10,000 sessions: botd + store")
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -235,6 +269,9 @@ def main() -> None:
     parser.add_argument("--session-messages", type=int, default=5, help="messages per chat (load)")
     parser.add_argument("--load-latency-ms", type=float, default=500.0)
     parser.add_argument("--idle-s", type=float, default=20.0)
+    parser.add_argument("--memory-sessions", type=int, default=10_000, help="new chats, one message each (memory)")
+    parser.add_argument("--memory-in-flight", type=int, default=100, help="chats waiting on an answer at once (memory)")
+    parser.add_argument("--settle-s", type=float, default=3.0, help="quiet seconds before the memory reading")
     parser.add_argument("--max-concurrent-runs", type=int, default=2000, help="gateway.max_concurrent_runs")
     parser.add_argument("--debounce-ms", type=int, default=None, help="queue.debounce_ms (default: botd's own)")
     parser.add_argument("--reply-timeout", type=float, default=180.0, help="seconds to wait for one answer")
@@ -248,9 +285,11 @@ def main() -> None:
         for key, value in QUICK.items():
             if getattr(args, key) == parser.get_default(key):
                 setattr(args, key, value)
-    if min(args.messages, args.burst, args.sessions, args.session_messages) < 1 or args.warmup < 0:
+    if min(args.messages, args.burst, args.sessions, args.session_messages, args.memory_sessions,
+           args.memory_in_flight) < 1 or args.warmup < 0:
         parser.error("sizes must be >= 1 (warm-up >= 0)")
-    if args.session_messages > 999 or WARMUP_CHATS + SEQUENTIAL_CHATS + args.burst * len(args.burst_latency_ms) + args.sessions > 99999:
+    if (args.session_messages > 999 or WARMUP_CHATS + args.memory_sessions > 99999
+            or WARMUP_CHATS + SEQUENTIAL_CHATS + args.burst * len(args.burst_latency_ms) + args.sessions > 99999):
         parser.error("at most 999 messages per chat and 99,999 chats in all")
     server_log = logging.getLogger("aiohttp.server")
     server_log.addHandler(DROPPED)

@@ -17,6 +17,7 @@ from bench.common import (
     FakeLLM,
     busy_cpu_seconds,
     cpu_seconds,
+    mib,
     percentile,
     proc_cpu,
     seconds_summary,
@@ -252,3 +253,58 @@ async def part_load(b: Bench, sessions: int, messages: int, latency_ms: float) -
             "ideal_seconds": ideal, "vs_ideal": round(seconds / ideal, 2) if ideal else None,
             "messages_per_s": round(len(latencies) / seconds, 1) if seconds > 0 else None,
             "latency_s": seconds_summary(latencies), **costs}
+
+
+async def part_memory(b: Bench, sessions: int, in_flight: int, settle_s: float) -> dict[str, Any]:
+    """``sessions`` new chats, one message each, ``in_flight`` at a time, LLM latency 0:
+    the tree's RSS as it goes and ``settle_s`` after the last answer (what a quiet daemon
+    keeps once the housekeeping after a burst has run), and what the store holds."""
+    await b.set_latency(0)
+    gate = asyncio.Semaphore(in_flight)
+    answered = refused = 0
+
+    async def chat(session: int) -> None:
+        nonlocal answered, refused
+        async with gate:
+            mark = mark_of(session, 1)
+            fut = b.path.expect(mark)
+            try:
+                await b.path.send(session, 1)
+            except Refused:
+                fut.cancel()
+                refused += 1
+                return
+            got = await b.answered({mark: fut})
+            answered += len(got)  # not ``+= len(await …)``: that reads the count before waiting
+
+    def reading(done: int, tree: TreeCPU, used: int) -> dict[str, Any]:
+        return {"sessions": done, "tree_rss_mib": mib(tree.rss), "botd_rss_mib": mib(tree.rss - tree.store_rss),
+                "store_rss_mib": mib(tree.store_rss), "store_used_mib": mib(used),
+                "botd_rss_bytes": tree.rss - tree.store_rss, "store_used_bytes": used}
+
+    runs = b.log.poll()
+    start = await b.readings()
+    checkpoints = [reading(0, start.tree, await b.store.used_memory())]
+    step, done = max(1, sessions // 10), 0
+    while done < sessions:
+        batch = b.fresh(min(step, sessions - done))
+        await asyncio.gather(*(chat(s) for s in batch))
+        done += len(batch)
+        checkpoints.append(reading(done, tree_cpu(b.path.pid), await b.store.used_memory()))
+    await b.settle(runs + answered)
+    costs = await b.costs(start, answered)
+    await asyncio.sleep(settle_s)
+    after = reading(sessions, tree_cpu(b.path.pid), await b.store.used_memory())
+    half = checkpoints[len(checkpoints) // 2]
+    tail = sessions - half["sessions"]
+    return {
+        "sessions": sessions, "in_flight": in_flight, "answered": answered, "refused": refused,
+        "missing": sessions - answered - refused, "settle_s": settle_s,
+        "before": checkpoints[0], "after": after,
+        # growth over the second half, after pools and caches have filled
+        "botd_rss_bytes_per_session_second_half":
+            round((checkpoints[-1]["botd_rss_bytes"] - half["botd_rss_bytes"]) / tail) if tail else None,
+        "store_used_bytes_per_session": round((after["store_used_bytes"] - checkpoints[0]["store_used_bytes"])
+                                              / sessions),
+        "checkpoints": checkpoints, **costs,
+    }

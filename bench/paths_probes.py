@@ -32,6 +32,7 @@ class TreeCPU:
     exact_s: float
     rss: int
     store_exact_s: float = 0.0  # the embedded Valkey's share of exact_s
+    store_rss: int = 0  # the embedded Valkey's share of rss
 
 
 def tree_pids(root: int) -> list[int]:
@@ -43,20 +44,22 @@ def tree_pids(root: int) -> list[int]:
 
 def tree_cpu(root: int) -> TreeCPU:
     ticks = exact = store = 0.0
-    rss = 0
+    rss = store_rss = 0
     for pid in tree_pids(root):
         with contextlib.suppress(OSError, ValueError, IndexError):
             stat = Path(f"/proc/{pid}/stat").read_text()
             is_store = "valkey" in stat[stat.index("(") + 1 : stat.rindex(")")]
             fields = stat[stat.rindex(")") + 2 :].split()
             ticks += sum(int(v) for v in fields[11:15]) / CLOCK_TICKS  # utime stime cutime cstime
-            rss += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            resident = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+            rss += resident
+            store_rss += resident if is_store else 0
             for task in os.scandir(f"/proc/{pid}/task"):
                 with contextlib.suppress(OSError, ValueError):
                     ran = int(Path(task.path, "schedstat").read_text().split()[0]) / 1e9
                     exact += ran
                     store += ran if is_store else 0.0
-    return TreeCPU(ticks, exact, rss, store)
+    return TreeCPU(ticks, exact, rss, store, store_rss)
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,10 @@ class StoreProbe:
         commands = Counter({k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()
                             if k.startswith("cmdstat_") and k != "cmdstat_info"})
         return StoreCounters(commands, int(info["total_reads_processed"]))
+
+    async def used_memory(self) -> int:
+        """Bytes the store holds (INFO used_memory): the sessions' data, not the process."""
+        return int((await self.client.info("memory"))["used_memory"])
 
     @staticmethod
     def delta(before: StoreCounters, after: StoreCounters) -> tuple[int, int, Counter[str]]:

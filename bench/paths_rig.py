@@ -254,10 +254,11 @@ def base_config(workspace: FsPath, llm: FakeLLM, max_concurrent_runs: int, debou
 
 
 @contextlib.asynccontextmanager
-async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions: int,
+async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions: int | None,
                     http: aiohttp.ClientSession, redeliver_s: float = 1.0) -> AsyncIterator[Path]:
     """``name``'s fake platform here and botd in its own process, ready for messages;
-    ``sessions`` is how many session numbers (from 1) the allowlist must let in."""
+    ``sessions`` is how many session numbers (from 1) the allowlist must let in, None
+    for direct messages open to anyone (an allowlist of 10,000 ids is memory of its own)."""
     workspace = FsPath(config["agent"]["workspace"])
     if name == "console":
         async with _console(workdir, config, workspace) as console:
@@ -273,7 +274,7 @@ async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions
             config["telegram"] = {
                 "enabled": True, "token": TELEGRAM_TOKEN, "api_base_url": tg.base_url,
                 "mode": "webhook" if name == "telegram-webhook" else "polling",
-                "allow_from": [str(TELEGRAM_USER_BASE + s) for s in range(1, sessions + 1)],
+                **_access([str(TELEGRAM_USER_BASE + s) for s in range(1, (sessions or 0) + 1)], sessions),
             }
             if name == "telegram-webhook":
                 config["telegram"] |= {"webhook_url": f"http://127.0.0.1:{port}{WEBHOOK_PATH}",
@@ -285,7 +286,8 @@ async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions
                 "enabled": True, "mode": "socket" if name == "slack-socket" else "http",
                 "bot_token": slack.bot_token, "app_token": slack.app_token,
                 "signing_secret": slack.signing_secret, "api_base_url": slack.api_url,
-                "events_path": EVENTS_PATH, "allow_from": [user_of(s) for s in range(1, sessions + 1)],
+                "events_path": EVENTS_PATH,
+                **_access([user_of(s) for s in range(1, (sessions or 0) + 1)], sessions),
             }
         path = write_config(workdir / "botd.yaml", config)
         async with botd_run(path, port, workdir) as botd:
@@ -310,6 +312,10 @@ async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions
                     raise
             if code != 0:
                 raise RuntimeError(f"botd exited with {code} on SIGTERM:\n{botd.log()[-3000:]}")
+
+
+def _access(users: list[str], sessions: int | None) -> dict[str, Any]:
+    return {"dm_policy": "open"} if sessions is None else {"allow_from": users}
 
 
 def stop_orphaned_store(workspace: FsPath) -> None:
