@@ -244,6 +244,9 @@ def _paths_rows(r: dict[str, Any]) -> list[tuple[str, str]]:
             parts.append(f"idle {_fmt(p['idle']['cpu_ms_per_s_exact'])} ms/s")
         if "tree_rss_mib" in p:
             parts.append(f"RSS {p['tree_rss_mib']} MiB")
+        if after := (p.get("memory") or {}).get("after"):
+            parts.append(f"RSS after {p['memory']['sessions']} sessions: {after['botd_rss_mib']} + "
+                         f"{after['store_rss_mib']} (store) = {after['tree_rss_mib']} MiB")
         out.append((name, "; ".join(parts)))
     return out
 
