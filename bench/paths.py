@@ -157,7 +157,7 @@ async def measured(name: str, args: argparse.Namespace, llm: Any, http: aiohttp.
 
 
 def show(name: str, part: str, r: dict[str, Any]) -> None:
-    keep = {k: v for k, v in r.items() if not isinstance(v, dict)}
+    keep = {k: v for k, v in r.items() if not isinstance(v, dict | list)}  # the rest is in the JSON
     print(f"{name} {part}: {keep}", flush=True)
 
 
