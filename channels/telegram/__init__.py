@@ -3,9 +3,9 @@
 python-telegram-bot is imported here first, with two optional imports of its own skipped:
 ``cryptography`` for Telegram Passport and httpx's command-line tool (click, pygments).
 botd uses neither, and when they are installed (the MCP SDK brings ``cryptography``)
-they stay resident for the daemon's whole life: ~7 MiB, most of it OpenSSL. Both are
-imported by the library inside ``try/except ImportError``, its own way of running without
-them; the skip lasts only while ``telegram`` loads, so anything else may import them.
+they stay resident for the daemon's whole life: ~9 MiB, most of it OpenSSL. Each library
+imports its own inside ``try/except ImportError``, its way of running without it; the
+skip lasts only while ``telegram`` loads, so anything else may still import them.
 """
 
 import contextlib
