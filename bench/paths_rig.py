@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -275,7 +275,7 @@ async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions
             config["telegram"] = {
                 "enabled": True, "token": TELEGRAM_TOKEN, "api_base_url": tg.base_url,
                 "mode": "webhook" if name == "telegram-webhook" else "polling",
-                **_access([str(TELEGRAM_USER_BASE + s) for s in range(1, (sessions or 0) + 1)], sessions),
+                **_access(sessions, lambda s: str(TELEGRAM_USER_BASE + s)),
             }
             if name == "telegram-webhook":
                 config["telegram"] |= {"webhook_url": f"http://127.0.0.1:{port}{WEBHOOK_PATH}",
@@ -288,7 +288,7 @@ async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions
                 "bot_token": slack.bot_token, "app_token": slack.app_token,
                 "signing_secret": slack.signing_secret, "api_base_url": slack.api_url,
                 "events_path": EVENTS_PATH,
-                **_access([user_of(s) for s in range(1, (sessions or 0) + 1)], sessions),
+                **_access(sessions, user_of),
             }
         path = write_config(workdir / "botd.yaml", config)
         async with botd_run(path, port, workdir) as botd:
@@ -315,8 +315,11 @@ async def open_path(name: str, workdir: FsPath, config: dict[str, Any], sessions
                 raise RuntimeError(f"botd exited with {code} on SIGTERM:\n{botd.log()[-3000:]}")
 
 
-def _access(users: list[str], sessions: int | None) -> dict[str, Any]:
-    return {"dm_policy": "open"} if sessions is None else {"allow_from": users}
+def _access(sessions: int | None, user: Callable[[int], str]) -> dict[str, Any]:
+    """Direct messages from the users of session numbers 1 to ``sessions``, or from anyone."""
+    if sessions is None:
+        return {"dm_policy": "open"}
+    return {"allow_from": [user(s) for s in range(1, sessions + 1)]}
 
 
 def stop_orphaned_store(workspace: FsPath) -> None:
