@@ -6,8 +6,9 @@ nothing of chats or Redis; the daemon passes everything in.
 - ``loop.py``         ask the model, run the tools it calls, repeat; every exit leaves a
                       valid history. ``budget.py``: will the next request fit the window.
 - ``llm.py``          the OpenAI-compatible client (``llm_stream.py`` assembles a stream,
-                      ``llm_types.py`` is the model contract); ``notices.py`` what a chat
-                      user is told when an answer fails or is cut.
+                      ``llm_types.py`` is the model contract, ``openai_sdk.py`` loads the
+                      SDK without its type modules); ``notices.py`` what a chat user is
+                      told when an answer fails or is cut.
 - ``history.py``      the pipeline before each call (``pruning.py``, ``history_repair.py``);
                       ``tokens.py`` the one token estimate; ``images.py`` vision copies.
 - ``compaction.py``   memory flush and summary (``compaction_memory.py``,

@@ -27,7 +27,6 @@ from typing import Any
 from urllib.parse import urlparse
 
 import httpx2
-import openai
 import structlog
 
 from agent.llm_stream import (
@@ -51,6 +50,7 @@ from agent.llm_types import (
     estimate_text_tokens,
     estimate_tokens,
 )
+from agent.openai_sdk import openai
 from agent.types import Message
 
 __all__ = [

@@ -25,10 +25,10 @@ from typing import Any
 
 import anyio
 import httpx2
-import openai
 import orjson
 
 from agent.llm_types import LLMError, LLMResponse, StreamDelta, estimate_text_tokens, estimate_tokens
+from agent.openai_sdk import openai
 from agent.types import Message, ToolCall, Usage
 
 # Checked in this order; only the first non-empty one of a delta is used, because some
