@@ -295,7 +295,11 @@ async def test_at_job_fires_once_delivers_and_is_removed(sched: Sched) -> None:
     assert datetime.fromisoformat(record["fire_time"]) == at
     assert datetime.fromisoformat(record["started_at"]) >= at
 
-    assert job_id not in await sched.jobs()  # a one-shot that ran is gone; its ledger stays
+    # A one-shot that ran is gone (removed just after its ledger entry is written); the ledger stays.
+    async def removed() -> bool:
+        return job_id not in await sched.jobs()
+
+    await until(removed, 10.0, f"{job_id} removed after its run")
     assert sched.texts(C_AT) == ["The nightly build is green."]
     assert len(sched.sends_to(C_AT)) == 1
     [request] = sched.requests_for("mk-at-fire")
@@ -320,7 +324,10 @@ async def test_no_reply_word_in_a_cron_answer_delivers_nothing(sched: Sched) -> 
     assert sched.tg.sent_messages(C_SILENT, include_deleted=True) == []
     assert sched.sends_to(C_SILENT) == []
     assert not any("NO_REPLY" in str(c.params.get("text")) for c in sched.tg.calls)
-    assert await sched.redis.exists(f"{sched.prefix}:cron:job:{job_id}") == 0
+    async def removed() -> bool:  # just after the ledger entry is written
+        return await sched.redis.exists(f"{sched.prefix}:cron:job:{job_id}") == 0
+
+    await until(removed, 10.0, f"{job_id} removed after its run")
 
 
 # -- 3. the heartbeat --------------------------------------------------------------------------
