@@ -79,7 +79,8 @@ def lazy_package(name: str, directory: Path, names: Exports) -> ModuleType:
 
 
 def install(packages: tuple[str, ...]) -> None:
-    """Put each of ``packages`` in ``sys.modules`` as a lazy package, where it may be one."""
+    """Put each of ``packages`` (of one top-level package, parents first) in ``sys.modules``
+    as a lazy package, where it may be one."""
     if any(name.split(".")[0] in sys.modules for name in packages):
         return  # already imported the usual way: nothing to save
     spec = importlib.util.find_spec(packages[0].split(".")[0])  # finds, does not import
