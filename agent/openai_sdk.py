@@ -81,9 +81,10 @@ def lazy_package(name: str, directory: Path, names: Exports) -> ModuleType:
 def install(packages: tuple[str, ...]) -> None:
     """Put each of ``packages`` (of one top-level package, parents first) in ``sys.modules``
     as a lazy package, where it may be one."""
-    if any(name.split(".")[0] in sys.modules for name in packages):
+    top = packages[0].split(".")[0]
+    if top in sys.modules:
         return  # already imported the usual way: nothing to save
-    spec = importlib.util.find_spec(packages[0].split(".")[0])  # finds, does not import
+    spec = importlib.util.find_spec(top)  # finds, does not import
     if spec is None or not spec.submodule_search_locations:
         return  # not installed: the import below says so
     root = Path(next(iter(spec.submodule_search_locations)))

@@ -15,9 +15,9 @@ from agent.openai_sdk import exports_of
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_python(script: str, *, cwd: Path = ROOT) -> str:
+def run_python(script: str) -> str:
     """The last line a fresh interpreter prints for ``script``."""
-    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=cwd, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=ROOT, capture_output=True,
                          text=True, timeout=120, env={"PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     return out.stdout.splitlines()[-1]
@@ -105,37 +105,41 @@ def test_submodules_and_from_imports_work_through_a_lazy_package() -> None:
     assert out == "ChatCompletionChunk True True False"
 
 
-def test_a_lazy_package_imports_a_submodule_only_when_a_name_is_read(tmp_path: Path) -> None:
+def install_own_package(tmp_path: Path, top_init: str, sub_init: str, then: str) -> str:
+    """Write ``toppkg.sub`` (whose ``heavy`` module holds ``Thing``) under ``tmp_path``, make
+    it lazy with ``install`` in a fresh interpreter, run ``then`` there; its last line."""
     package = tmp_path / "toppkg" / "sub"
     package.mkdir(parents=True)
-    (tmp_path / "toppkg" / "__init__.py").write_text("from . import sub\n")  # as openai binds its types
-    (package / "__init__.py").write_text("from .heavy import Thing as Thing\n")
+    (tmp_path / "toppkg" / "__init__.py").write_text(top_init)
+    (package / "__init__.py").write_text(sub_init)
     (package / "heavy.py").write_text("Thing = 'thing'\n")
-    out = run_python(f"""
-        import sys
-        sys.path.insert(0, {str(tmp_path)!r})
-        from agent.openai_sdk import install
-        install(("toppkg.sub",))
+    return run_python(f"""
+import sys
+sys.path.insert(0, {str(tmp_path)!r})
+from agent.openai_sdk import install
+install(("toppkg.sub",))
+""" + textwrap.dedent(then))
+
+
+def test_a_lazy_package_imports_a_submodule_only_when_a_name_is_read(tmp_path: Path) -> None:
+    out = install_own_package(
+        tmp_path, "from . import sub\n", "from .heavy import Thing as Thing\n",  # as openai binds its types
+        """
         import toppkg.sub
         before = "toppkg.sub.heavy" in sys.modules
         print(before, toppkg.sub.Thing, "toppkg.sub.heavy" in sys.modules)
-    """)
+        """,
+    )
     assert out == "False thing True"
 
 
 def test_a_package_init_with_code_is_not_made_lazy(tmp_path: Path) -> None:
-    package = tmp_path / "toppkg" / "sub"
-    package.mkdir(parents=True)
-    (tmp_path / "toppkg" / "__init__.py").write_text("")
-    (package / "__init__.py").write_text("from .heavy import Thing as Thing\nLOADED = True\n")
-    (package / "heavy.py").write_text("Thing = 'thing'\n")
-    out = run_python(f"""
-        import sys
-        sys.path.insert(0, {str(tmp_path)!r})
-        from agent.openai_sdk import install
-        install(("toppkg.sub",))
+    out = install_own_package(
+        tmp_path, "", "from .heavy import Thing as Thing\nLOADED = True\n",
+        """
         installed = "toppkg.sub" in sys.modules
         import toppkg.sub
         print(installed, toppkg.sub.LOADED, "toppkg.sub.heavy" in sys.modules)
-    """)
+        """,
+    )
     assert out == "False True True"
