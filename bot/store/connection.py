@@ -38,11 +38,11 @@ BACKOFF_BASE_S = 0.1
 BACKOFF_CAP_S = 1.0
 HEALTH_CHECK_INTERVAL_S = 30
 OPEN_TIMEOUT_S = 10.0  # the first PING, retries included
-# Connections one process opens (see BoundedConnectionPool); commands beyond wait their turn.
-MAX_CONNECTIONS = 256
-# Blocking commands (BLPOP, XREAD BLOCK …) must return before the socket timeout fires,
-# or redis-py treats the wait as a dead connection and retries it.
-MAX_BLOCKING_S = 4.0
+# Sockets one process opens (see BoundedConnectionPool); commands beyond wait their turn.
+# botd holds a connection for one round trip at a time (no blocking commands, no WATCH;
+# the signal listener keeps one), so a few dozen carry far more than one event loop can
+# issue; each costs ~16 KiB here and more in the server, for the process's life.
+MAX_CONNECTIONS = 32
 
 
 def redact_url(url: str) -> str:

@@ -315,6 +315,22 @@ async def test_a_burst_of_commands_shares_a_bounded_number_of_connections(redis_
         await client.aclose()
 
 
+async def test_the_default_client_answers_a_burst_from_a_few_dozen_sockets(redis_url: str) -> None:
+    # A webhook burst of a hundred updates used to open a socket per concurrent command:
+    # ~16 KiB each in botd and more in the server, kept for the process's life.
+    from bot.store.connection import create_client
+
+    client = create_client(redis_url)
+    try:
+        results = await asyncio.gather(*(client.incr("pool-test:default-burst") for _ in range(300)))
+        assert sorted(results) == list(range(1, 301))
+        pool = client.connection_pool
+        assert len(pool._available_connections) + len(pool._in_use_connections) <= 32
+    finally:
+        await client.delete("pool-test:default-burst")
+        await client.aclose()
+
+
 async def test_a_command_that_finds_no_free_connection_fails_clearly_in_time(redis_url: str) -> None:
     from bot.store.pool import BoundedConnectionPool
 
