@@ -327,8 +327,8 @@ class TelegramChannel:
         chat = chat_ref(target)
         first: str | None = None
         for index, part in enumerate(self.format_parts(text)):
-            msg = await sender.send(chat, part, reply=index == 0)
-            first = first or str(msg.message_id)
+            message_id = await sender.send(chat, part, reply=index == 0)
+            first = first or str(message_id)
         return first
 
     async def download(self, attachment: Attachment, sink: FileSink, max_bytes: int) -> tuple[int, str]:

@@ -150,9 +150,8 @@ class TelegramReplyStream:
         try:
             await self._adopt()
             if self.preview_message_id is None:
-                msg = await self.sender.send(self.chat, rendered, run_id=self.run_id, once=True)
-                self.preview_message_id = msg.message_id
-                await self.memory.remember(str(msg.message_id))
+                self.preview_message_id = await self.sender.send(self.chat, rendered, run_id=self.run_id, once=True)
+                await self.memory.remember(str(self.preview_message_id))
             else:
                 async with asyncio.timeout(self.preview_timeout_s):
                     await self.sender.edit(self.chat, self.preview_message_id, rendered, run_id=self.run_id, once=True)
@@ -213,10 +212,10 @@ class TelegramReplyStream:
 
     async def _send_part(self, index: int, part: str) -> str:
         try:
-            msg = await self.sender.send(self.chat, part, run_id=self.run_id, reply=index == 0)
+            message_id = await self.sender.send(self.chat, part, run_id=self.run_id, reply=index == 0)
         except MalformedAnswer:
             return ""  # Telegram said ok: the part went out, only its id is unknown
-        return str(msg.message_id)
+        return str(message_id)
 
     async def _delete_preview(self) -> None:
         """Delete the preview (a stale partial once the answer is out); best effort."""

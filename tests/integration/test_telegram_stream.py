@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 from structlog.testing import capture_logs
+from telegram import Message
 from telegram.error import NetworkError
 
 from agent.types import TelegramChat
@@ -73,6 +74,31 @@ async def test_preview_is_throttled_then_finalized(h: TelegramHarness, ch: Teleg
     assert message_id == str(final.message_id) == str(preview.message_id)
     assert final.text == "Final answer" and final.raw == "<b>Final</b> answer" and final.parse_mode == "HTML"
     assert await stream.deliver(0, "<b>Final</b> answer") == message_id  # idempotent per part
+
+
+async def test_answers_to_sends_and_edits_are_read_for_their_id_only(
+    h: TelegramHarness, ch: TelegramChannel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each answer is a whole Message (with the one replied to); botd needs its id, or nothing.
+    parsed: list[object] = []
+    parse = Message.de_json
+
+    def counted(data: object, bot: object = None) -> object:
+        parsed.append(data)
+        return parse(data, bot)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Message, "de_json", counted)
+    stream = ch.open_stream(TOPIC, "run-ids")
+    await stream.preview("draft")
+    await h.fake.wait_calls("sendMessage")
+    await stream.preview("draft, longer")
+    await h.fake.wait_calls("editMessageText")
+    message_id = await stream.deliver(0, "the answer")
+    await stream.close()
+    [final] = h.fake.sent_messages(-1003)
+    assert message_id == str(final.message_id) and final.text == "the answer" and final.reply_to == 9
+    assert await ch.send_text(TOPIC, "a notice") == str(final.message_id + 1)
+    assert parsed == []
 
 
 async def test_late_preview_never_overwrites_final(h: TelegramHarness, ch: TelegramChannel) -> None:
