@@ -175,19 +175,14 @@ class TelegramSender:
         once: bool = False,
     ) -> int:
         """Send one HTML message (plain text if Telegram cannot parse it); its message id."""
-        # The fields and their order are those of ``Bot.send_message``; None is left out.
         reply_to = None
         if reply and chat.reply_to is not None:
             reply_to = ReplyParameters(chat.reply_to, allow_sending_without_reply=True)
 
         async def send_as(text: str, mode: str | None) -> int:
-            def data(cid: ChatId) -> dict[str, Any]:
-                return {"chat_id": cid, "text": text, "message_thread_id": chat.thread_id, "parse_mode": mode,
-                        "reply_markup": reply_markup, "reply_parameters": reply_to}
-
-            return await self.call(
-                chat.chat_id, "sendMessage", lambda cid: self._post_for_id("sendMessage", data(cid)),
-                run_id=run_id, once=once,
+            return await self._call_for_id(
+                chat, "sendMessage", run_id, once, text=text, message_thread_id=chat.thread_id, parse_mode=mode,
+                reply_markup=reply_markup, reply_parameters=reply_to,
             )
 
         try:
@@ -211,15 +206,9 @@ class TelegramSender:
         """Replace a message's text; raises BadRequest when it cannot be edited (e.g. deleted)."""
 
         async def edit_as(text: str, mode: str | None) -> None:
-            # As ``Bot.edit_message_text`` sends it; of the answer, the edited message, only its
-            # id is checked: an answer without one leaves the edit unknown (MalformedAnswer).
-            def data(cid: ChatId) -> dict[str, Any]:
-                return {"text": text, "chat_id": cid, "message_id": message_id, "parse_mode": mode,
-                        "reply_markup": reply_markup}
-
-            await self.call(
-                chat.chat_id, "editMessageText", lambda cid: self._post_for_id("editMessageText", data(cid)),
-                run_id=run_id, once=once,
+            await self._call_for_id(
+                chat, "editMessageText", run_id, once, text=text, message_id=message_id, parse_mode=mode,
+                reply_markup=reply_markup,
             )
 
         try:
@@ -236,18 +225,23 @@ class TelegramSender:
             raise
         return "edited"
 
-    async def _post_for_id(self, endpoint: str, data: dict[str, Any]) -> int:
-        """The id of the message ``endpoint`` made or edited. ``Bot._post`` is the library's
-        Bot API call (its request encoding and error mapping) without turning the answer
-        into objects: ``send_message`` and ``edit_message_text`` parse a ``Message`` (~0.2
-        ms; twice that with the message it replies to) of which botd reads one integer. An
-        answer without one is a ``TypeError``, which :meth:`call` reports as
-        :class:`MalformedAnswer`."""
-        result = await self.bot._post(endpoint, data)
-        message_id = result.get("message_id") if isinstance(result, dict) else None
-        if type(message_id) is not int:
-            raise TypeError(f"{endpoint} answered without a message id")
-        return message_id
+    async def _call_for_id(self, chat: ChatRef, endpoint: str, run_id: str, once: bool, **fields: Any) -> int:
+        """:meth:`call` of ``endpoint`` with ``fields`` (None left out), for the id of the
+        message it made or edited. ``Bot._post`` is the library's Bot API call (its request
+        encoding and error mapping) without turning the answer into objects:
+        ``send_message`` and ``edit_message_text`` parse a ``Message`` (~0.2 ms; twice that
+        with the message it replies to) of which botd reads one integer. An answer without
+        one is a ``TypeError``, which :meth:`call` reports as :class:`MalformedAnswer`: the
+        message may or may not have been sent or edited."""
+
+        async def post(chat_id: ChatId) -> int:
+            result = await self.bot._post(endpoint, {"chat_id": chat_id, **fields})
+            message_id = result.get("message_id") if isinstance(result, dict) else None
+            if type(message_id) is not int:
+                raise TypeError(f"{endpoint} answered without a message id")
+            return message_id
+
+        return await self.call(chat.chat_id, endpoint, post, run_id=run_id, once=once)
 
     async def delete(self, chat: ChatRef, message_id: int, *, run_id: str = "") -> bool:
         """Delete a message; False (logged) when Telegram refuses."""
