@@ -35,6 +35,13 @@ _LINK_SCHEMES = re.compile(r"^(?:https?|tg|mailto|ftp)://|^mailto:|^tg:", re.IGN
 _LANG_SAFE = re.compile(r"[^A-Za-z0-9_+#.-]")
 _TAG = re.compile(r"<[^>]*>")
 _EMPTY_ELEMENT = re.compile(r"<([A-Za-z][A-Za-z0-9-]*)[^>]*></\1>", re.IGNORECASE)
+# Prose with nothing Markdown could read as markup: no markup character anywhere, no line
+# that starts like a block (indent, list, heading underline), no whitespace but spaces
+# and newlines. Such text renders as itself, its lines trimmed and blank runs made one.
+_MARKUP_CHARS = re.compile(r"[\\`*_~\[\]<>#|&!{}]|[^\S \n]")
+_BLOCK_START = re.compile(r"^(?:[ ]+\S|[-+=]|\d+[.)])", re.MULTILINE)
+_BLANK_LINES = re.compile(r"\n(?:[ ]*\n)+")
+_LINE_EDGES = re.compile(r"[ ]+\n|\n[ ]+")
 
 _md = MarkdownIt("commonmark", {"html": False}).enable(["table", "strikethrough"])
 
@@ -59,9 +66,21 @@ def markdown_to_html(markdown: str, *, max_url_len: int = MAX_URL_LEN) -> str:
 
     Links whose escaped URL is longer than ``max_url_len`` keep only their label.
     """
+    markdown = well_formed(markdown)
+    if plain := _plain_prose(markdown):
+        return plain
     renderer = _Renderer(max_url_len=max_url_len)
-    renderer.render(_md.parse(well_formed(markdown)))
+    renderer.render(_md.parse(markdown))
     return renderer.result()
+
+
+def _plain_prose(markdown: str) -> str:
+    """What the renderer makes of prose without markup (most chat answers), without
+    parsing it; "" when the text holds anything Markdown could read as markup."""
+    if _MARKUP_CHARS.search(markdown) or _BLOCK_START.search(markdown):
+        return ""
+    text = _LINE_EDGES.sub("\n", _BLANK_LINES.sub("\n\n", markdown.strip(" \n")))
+    return escape_text(text)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from channels.chunking import utf16_len
+from channels.telegram import format as format_module
 from channels.telegram.format import html_to_plain, markdown_to_html, render_parts, render_preview
 from channels.telegram.html_split import split_html
 from tests.fakes.telegram_html import TelegramHTMLError, parse_telegram_html
@@ -256,3 +257,32 @@ def test_split_html_properties(markup: str, limit: int) -> None:
 def test_one_message_answers_are_split_as_the_splitter_would(md: str) -> None:
     markup = markdown_to_html(md)
     assert render_parts(md, 4096) == [p for p in split_html(markup, 4096) if html_to_plain(p).strip()]
+
+
+def _parsed(md: str) -> str:
+    """The Markdown parser's rendering, the plain-prose shortcut bypassed."""
+    renderer = format_module._Renderer()
+    renderer.render(format_module._md.parse(md))
+    return renderer.result()
+
+
+# Prose and the characters that decide whether it is prose: block starts, line edges, blank
+# runs, other whitespace, markup characters, non-ASCII.
+_PROSE = st.lists(st.sampled_from([
+    *"ab yz19.),:;?'\"()/%$@^", "\n", "\n\n", "  ", "-", "+", "=", "*", "_", "`", "#", ">", "<", "&",
+    "!", "[", "|", "~", "\\", "\t", "\xa0", "é", "日", "😀", "1. ", "2) ",
+]), max_size=40).map("".join)
+
+
+@settings(max_examples=600, deadline=None)
+@given(_PROSE)
+def test_prose_without_markup_renders_as_the_parser_renders_it(md: str) -> None:
+    assert markdown_to_html(md) == _parsed(md)
+
+
+@pytest.mark.parametrize("md", [
+    "Hello there.", "a\nb", "a  \nb", "a\n\n\n b", "one\n \ntwo", " lead and trail \n", "1+1=2, 3.5 (ok)?",
+    "2026 was a year.", "é 日本 😀", "x\n-", "x\n===", "    code", "1. item", "2) item", "- item", "+ item",
+])
+def test_the_plain_prose_shortcut_agrees_with_the_parser(md: str) -> None:
+    assert markdown_to_html(md) == _parsed(md)
