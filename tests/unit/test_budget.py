@@ -56,6 +56,15 @@ def test_without_a_baseline_the_whole_request_is_estimated_tools_included() -> N
     assert estimate_request(messages, tools=tools) == 100 + 16 + 10 + 16 + tools_tokens(tools)
 
 
+def test_tool_schemas_count_as_the_characters_of_their_json_as_sent() -> None:
+    tools = [{"type": "function", "function": {"name": "wetter", "description": "Grüße — ☀", "parameters": {}}}]
+    sent = '[{"type":"function","function":{"name":"wetter","description":"Grüße — ☀","parameters":{}}}]'
+    assert tools_tokens(tools) == -(-len(sent) // 4)
+    # An integer orjson refuses (past 64 bits) is still counted, not an error.
+    huge = [{"type": "function", "function": {"name": "n", "parameters": {"maximum": 2**70}}}]
+    assert tools_tokens(huge) > 0
+
+
 def test_the_last_calls_usage_plus_what_was_added_since() -> None:
     sent = [Message.system("s"), Message.user("hi")]
     added = [Message.assistant("a" * 400), Message.user("u" * 40)]
