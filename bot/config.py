@@ -6,6 +6,8 @@ and reads it). A bad value raises :class:`ConfigError` naming the key; the CLI e
 
 from __future__ import annotations
 
+import functools
+import os
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -370,7 +372,11 @@ class BotdConfig(BaseSettings):
 
     @property
     def workspace(self) -> Path:
-        return self.agent.workspace.expanduser().resolve()
+        """``agent.workspace``, absolute with symlinks resolved. Read several times per
+        message, so resolved once per value and what it is relative to (``~``, the working
+        directory), not by a walk of lstat calls each time."""
+        path = self.agent.workspace
+        return _resolved(path, os.environ.get("HOME"), None if path.is_absolute() else os.getcwd())
 
     def allowed_paths(self) -> list[Path]:
         if self.security.allowed_paths is None:
@@ -380,6 +386,11 @@ class BotdConfig(BaseSettings):
     def cli_tools_path(self) -> Path | None:
         path = self.security.cli_tools_file
         return path.expanduser() if path is not None else None
+
+
+@functools.lru_cache(maxsize=16)
+def _resolved(path: Path, _home: str | None, _cwd: str | None) -> Path:
+    return path.expanduser().resolve()
 
 
 def _string_list(value: Any) -> Any:

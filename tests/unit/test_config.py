@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.config import ConfigError
+from bot.config import BotdConfig, ConfigError
 from bot.config_file import load_config
 
 
@@ -31,6 +31,26 @@ def test_defaults_match_the_contract(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert cfg.guard.action == "warn"
     assert cfg.heartbeat.every == "30m" and cfg.scheduler.catch_up == "once"
     assert cfg.allowed_paths() == [cfg.workspace, Path("/tmp/botd")]
+
+
+def test_the_workspace_follows_its_value_home_and_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The resolved workspace is kept, but never past a change to what it was resolved from."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    monkeypatch.setenv("HOME", str(tmp_path / "one"))
+    cfg = BotdConfig()
+    assert cfg.workspace == tmp_path / "one" / ".botd" / "workspace"
+    monkeypatch.setenv("HOME", str(tmp_path / "two"))
+    assert cfg.workspace == tmp_path / "two" / ".botd" / "workspace"
+    cfg.agent.workspace = Path("ws")
+    monkeypatch.chdir(tmp_path / "real")
+    assert cfg.workspace == tmp_path / "real" / "ws"
+    monkeypatch.chdir(tmp_path)
+    assert cfg.workspace == tmp_path / "ws"
+    cfg.agent.workspace = tmp_path / "link" / "ws"
+    assert cfg.workspace == tmp_path / "real" / "ws"
 
 
 def test_yaml_then_plain_env_then_botd_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
