@@ -48,6 +48,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "slack": ["--events", "100", "--burst", "50", "--replies", "50"],
     "attachments": ["--samples", "5"],
     "paths": ["--quick"],
+    "floor": ["--messages", "100", "--rounds", "1"],
 }
 
 
@@ -182,6 +183,13 @@ def _llm_request(r: dict[str, Any]) -> str:
                      for name, row in rows.items())
 
 
+def _floor(r: dict[str, Any]) -> str:
+    *steps, (_, whole) = r["results"].items()
+    return (f"a message's library calls alone {_fmt(whole['total_cpu_ms'])} ms of CPU (steps apart "
+            f"{_fmt(r['sum_of_steps_ms'])} ms: " + ", ".join(f"{name} {_fmt(row['total_cpu_ms'])}" for name, row in steps)
+            + ")")
+
+
 def _gateway(r: dict[str, Any]) -> str:
     parts = []
     if "overhead" in r:
@@ -262,6 +270,7 @@ SUMMARIZERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "text_throughput": _text_throughput,
     "store_ops": _store_ops,
     "llm_request": _llm_request,
+    "floor": _floor,
     "gateway": _gateway,
     "slack": _slack,
     "replicas": _replicas,
