@@ -9,6 +9,8 @@ nothing of chats or Redis; the daemon passes everything in.
                       ``llm_types.py`` is the model contract, ``openai_sdk.py`` loads the
                       SDK without its type modules); ``notices.py`` what a chat user is
                       told when an answer fails or is cut.
+- ``http/``           the keep-alive HTTP/1.1 client under the model's requests and the
+                      Bot API's calls (an httpx2 transport for the SDK).
 - ``history.py``      the pipeline before each call (``pruning.py``, ``history_repair.py``);
                       ``tokens.py`` the one token estimate; ``images.py`` vision copies.
 - ``compaction.py``   memory flush and summary (``compaction_memory.py``,

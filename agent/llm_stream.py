@@ -375,16 +375,3 @@ def check_finished(assembler: StreamAssembler, content_type: str) -> None:
             f"The language model finished ({assembler.finish_reason!r}) with no text and no tool call.",
             kind="empty", retryable=True, started=assembler.started,
         )
-
-
-def refused(exc: BaseException) -> bool:
-    """A "timeout" that is really a failed connect: the aiohttp transport reports every
-    connection error as a connect timeout; the cause chain still holds the OS error."""
-    seen: BaseException | None = exc.__cause__ or exc.__context__
-    for _ in range(8):
-        if seen is None:
-            return False
-        if isinstance(seen, OSError) and not isinstance(seen, TimeoutError):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False

@@ -4,7 +4,7 @@ botd talks to providers through the SDK (``LLMClient``) unless an alternative on
 wire is at least 3× cheaper per request. This measures, against the fake OpenAI server in
 its own process, the CPU of this process per request for:
 
-* ``LLMClient.complete`` — what botd does (the SDK's ``post`` over its aiohttp transport,
+* ``LLMClient.complete`` — what botd does (the SDK's ``post`` over ``agent.http``,
   then botd's SSE decoding and assembly);
 * ``SDK post, body unread`` — the SDK's request layer alone, the body read raw;
 * ``aiohttp, decoded`` — the same request with a bare ``aiohttp`` session and botd's

@@ -12,7 +12,7 @@ previews, 429), against the same replies with no faults (``bench/preview_faults.
 The fake answers at once and runs in the same process, so those figures are botd's
 share plus the fake's. *calls* runs the fake in a subprocess instead and gives the CPU
 of single Bot API calls (sendMessage, editMessageText, sendChatAction) for the client
-and for the fake separately, with the channel's aiohttp transport and with
+and for the fake separately, with the channel's own transport (botd's HTTP client) and with
 python-telegram-bot's own httpx one.
 
     .venv/bin/python bench/telegram.py [--updates 300] [--burst 200] [--replies 200] [--fault-rate 0.3]
@@ -262,7 +262,7 @@ async def bench_calls(calls: int) -> list[dict[str, Any]]:
     from telegram import Bot
     from telegram.request import HTTPXRequest
 
-    from channels.telegram.transport import AiohttpRequest
+    from channels.telegram.transport import BotAPIRequest
 
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", FAKE_PROCESS, cwd=ROOT,
                                                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -270,7 +270,7 @@ async def bench_calls(calls: int) -> list[dict[str, Any]]:
     base_url, token = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
     rows = []
     try:
-        for label, request in (("aiohttp (AiohttpRequest)", AiohttpRequest), ("httpx (HTTPXRequest)", HTTPXRequest)):
+        for label, request in (("botd (BotAPIRequest)", BotAPIRequest), ("httpx (HTTPXRequest)", HTTPXRequest)):
             bot = Bot(token, base_url=base_url, request=request(connection_pool_size=32))
             await bot.initialize()
             message = await bot.send_message(42, "warm-up")

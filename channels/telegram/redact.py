@@ -2,7 +2,7 @@
 
 The Bot API puts the token in every URL, and the HTTP layer logs request URLs
 ("HTTP Request: POST https://api.telegram.org/bot<token>/getUpdates"; httpx at INFO,
-``transport.AiohttpRequest`` at DEBUG). A filter on
+``transport.BotAPIRequest`` at DEBUG). A filter on
 the libraries' loggers replaces the token before any handler sees the record, and
 :func:`scrub` cleans error texts before we log them ourselves.
 """
@@ -21,7 +21,7 @@ def scrub(text: str) -> str:
     """Replace anything shaped like a bot token (for error messages that go into logs)."""
     return _TOKEN_SHAPE.sub(REDACTED, text)
 LOGGERS = ("httpx", "telegram", "telegram.Bot", "telegram.BaseRequest", "telegram.HTTPXRequest",
-           "telegram.AiohttpRequest")
+           "telegram.BotAPIRequest")
 
 
 class TokenRedactor(logging.Filter):

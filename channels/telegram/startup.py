@@ -21,7 +21,7 @@ from telegram.error import BadRequest, InvalidToken, NetworkError, RetryAfter, T
 from channels.base import ChannelStartError, KeyValue
 from channels.telegram.redact import scrub
 from channels.telegram.settings import TelegramSettings
-from channels.telegram.transport import AiohttpRequest
+from channels.telegram.transport import BotAPIRequest
 
 log = structlog.get_logger(__name__)
 
@@ -48,10 +48,10 @@ def make_bot(settings: TelegramSettings) -> Bot:
         settings.token,
         base_url=base,
         base_file_url=file_base,
-        request=AiohttpRequest(
+        request=BotAPIRequest(
             connection_pool_size=32, read_timeout=15, write_timeout=15, connect_timeout=10, pool_timeout=5
         ),
-        get_updates_request=AiohttpRequest(connection_pool_size=2, read_timeout=10, connect_timeout=10),
+        get_updates_request=BotAPIRequest(connection_pool_size=2, read_timeout=10, connect_timeout=10),
     )
 
 

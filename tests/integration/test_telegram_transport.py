@@ -1,4 +1,4 @@
-"""python-telegram-bot's requests over aiohttp: the wire, timeouts and dropped
+"""python-telegram-bot's requests over botd's HTTP client: the wire, timeouts and dropped
 connections as the library's errors, and no token in any error text."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from telegram import Bot, InlineKeyboardButton, InlineKeyboardMarkup
 from telegram.error import BadRequest, NetworkError, TimedOut
 
-from channels.telegram.transport import AiohttpRequest
+from channels.telegram.transport import BotAPIRequest
 from tests.fakes.telegram_server import FakeTelegram
 
 pytestmark = pytest.mark.timeout(30)
@@ -27,7 +27,7 @@ async def fake() -> AsyncIterator[FakeTelegram]:
 
 @pytest.fixture
 async def bot(fake: FakeTelegram) -> AsyncIterator[Bot]:
-    client = Bot(fake.token, base_url=fake.base_url, request=AiohttpRequest(read_timeout=0.5, connect_timeout=2))
+    client = Bot(fake.token, base_url=fake.base_url, request=BotAPIRequest(read_timeout=0.5, connect_timeout=2))
     await client.initialize()
     try:
         yield client
@@ -80,8 +80,8 @@ async def test_a_dropped_connection_is_a_network_error_without_the_token(
 
 async def test_nothing_listening_is_a_network_error_without_the_token() -> None:
     token = "123456789:AAFakeTokenForTestsOnly_abcdefghijkl"
-    client = Bot(token, base_url="http://127.0.0.1:9/bot", request=AiohttpRequest(connect_timeout=2))
-    request = AiohttpRequest(connect_timeout=2)
+    client = Bot(token, base_url="http://127.0.0.1:9/bot", request=BotAPIRequest(connect_timeout=2))
+    request = BotAPIRequest(connect_timeout=2)
     await request.initialize()
     try:
         with pytest.raises(NetworkError) as caught:
@@ -96,7 +96,7 @@ async def test_nothing_listening_is_a_network_error_without_the_token() -> None:
 async def test_the_proxy_comes_from_the_environment_once_per_origin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")
     monkeypatch.setenv("NO_PROXY", "internal.example")
-    request = AiohttpRequest()
+    request = BotAPIRequest()
     await request.initialize()
     try:
         proxy, _ = request._proxy_for("https://api.telegram.org/bot1:x/getMe")
