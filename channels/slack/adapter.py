@@ -31,6 +31,7 @@ from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.response import BoltResponse
 from slack_sdk.web.async_client import AsyncWebClient
 
+from agent.http import HTTPClient
 from agent.types import Attachment
 from channels.base import (
     ChannelContext,
@@ -42,7 +43,7 @@ from channels.base import (
 from channels.preview_memory import PreviewBook
 from channels.slack.acceptance import AcceptGate, Observer, not_accepted
 from channels.slack.access import AccessPolicy
-from channels.slack.api import SlackApi, SlackCallError
+from channels.slack.api import SlackApi, SlackCallError, WebClient
 from channels.slack.approval import approval_decided, approval_prompt
 from channels.slack.commands import APPROVE_ACTION, DENY_ACTION, ApprovalAnswer, CommandIntake, sender_of
 from channels.slack.files import SlackFiles
@@ -93,6 +94,7 @@ class SlackChannel:
     def __init__(self, settings: SlackSettings, *, observer: Observer | None = None) -> None:
         self.settings = settings
         self._session: aiohttp.ClientSession | None = None
+        self._http: HTTPClient | None = None  # the Web API calls (uploads and Socket Mode: _session)
         self._api: SlackApi | None = None
         self._files: SlackFiles | None = None
         self._identity: BotIdentity | None = None
@@ -124,6 +126,7 @@ class SlackChannel:
             raise RuntimeError("the Slack channel is already started")
         s = self.settings
         self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=s.api_timeout_s))
+        self._http = HTTPClient(max_connections=100, max_idle_per_origin=32)
         try:
             await self._start(ctx)
         except BaseException:
@@ -133,10 +136,11 @@ class SlackChannel:
     async def _start(self, ctx: ChannelContext) -> None:
         s = self.settings
         self._previews = PreviewBook(ctx.kv, "slack")
-        assert self._session is not None
-        client = AsyncWebClient(
+        assert self._session is not None and self._http is not None
+        client = WebClient(
             token=s.bot_token,
             base_url=s.base_url,
+            http=self._http,
             session=self._session,
             timeout=int(s.api_timeout_s),
             retry_handlers=[],
@@ -238,6 +242,9 @@ class SlackChannel:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
 
     async def aclose(self) -> None:
         """Nothing left to release: :meth:`stop` already closed the Slack clients."""

@@ -12,13 +12,19 @@ The token never appears in an error or a log line. ``once=True`` makes a single 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 import structlog
+from multidict import CIMultiDict
 from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
+from slack_sdk.web.internal_utils import _build_unexpected_body_error_message
+
+from agent.http import HTTPClient, HTTPError, Timeouts
 
 log = structlog.get_logger(__name__)
 
@@ -73,6 +79,67 @@ def retry_after_of(exc: SlackApiError, cap_s: float) -> float:
     return min(max(seconds, 0.0), cap_s)
 
 
+class WebClient(AsyncWebClient):
+    """slack_sdk's ``AsyncWebClient`` with its HTTP step over botd's client (``agent.http``).
+
+    The SDK still builds every call (arguments, token, JSON or form body) and turns the
+    answer into an ``AsyncSlackResponse``; only the request it would hand aiohttp goes out
+    here instead, at about a third of aiohttp's client CPU per call. Uploads (files, form
+    objects), a proxy or a TLS context of the SDK's own keep its aiohttp path."""
+
+    def __init__(self, *args: Any, http: HTTPClient, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.http = http
+
+    async def _request(self, *, http_verb: str, api_url: str, req_args: dict[str, Any]) -> dict[str, Any]:
+        body = _body_of(req_args)
+        if body is None or any(req_args.get(key) for key in ("proxy", "ssl", "auth", "files")):
+            return await super()._request(http_verb=http_verb, api_url=api_url, req_args=req_args)
+        if params := req_args.get("params"):
+            api_url = f"{api_url}?{urlencode(params)}"
+        headers = [(str(k).encode("latin-1"), str(v).encode("latin-1")) for k, v in req_args["headers"].items()]
+        phase = float(self.timeout)
+        async with asyncio.timeout(phase):  # the SDK's timeout bounds the whole call, as aiohttp's did
+            response = await self.http.request(http_verb, api_url, headers, body, Timeouts(phase, phase, phase, phase))
+            raw = await response.read(_MAX_ANSWER_BYTES)
+        answer_headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers)
+        return {"data": _data_of(raw, answer_headers.get("Content-Type", ""), response),
+                "headers": answer_headers, "status_code": response.status}
+
+
+# A Web API answer is JSON of at most a few MiB (a long conversations.history page).
+_MAX_ANSWER_BYTES = 64 << 20
+
+
+def _body_of(req_args: dict[str, Any]) -> bytes | None:
+    """The body aiohttp would send for ``req_args``: JSON, a form of strings, or nothing;
+    None for anything else (files, a ``FormData``)."""
+    if req_args.get("json") is not None:
+        return json.dumps(req_args["json"]).encode()
+    data = req_args.get("data")
+    if data is None:
+        return b""
+    if isinstance(data, dict) and all(isinstance(v, str | int | float) for v in data.values()):
+        return urlencode(data).encode()
+    return None
+
+
+def _data_of(raw: bytes, content_type: str, response: Any) -> dict[str, Any] | bytes | str:
+    """The answer as slack_sdk reads it from aiohttp: JSON, text, bytes (a gzip export),
+    or nothing for a body of another type; JSON that does not parse is a ``SlackApiError``."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind == "application/gzip":
+        return raw
+    if kind == "text/plain":
+        return raw.decode("utf-8", "replace")
+    if kind != "application/json" and not kind.endswith("+json"):
+        return {}
+    try:
+        return json.loads(raw) if raw.strip() else {}
+    except ValueError:
+        raise SlackApiError(_build_unexpected_body_error_message(raw.decode("utf-8", "replace")), response) from None
+
+
 class SlackApi:
     """One bot's Web API, over a shared :class:`AsyncWebClient`."""
 
@@ -119,7 +186,7 @@ class SlackApi:
                     log.warning("slack.api_error", method=method, error=error, status=status, run_id=run_id)
                     raise SlackCallError(method, error, status) from None
                 reason, code = error, status
-            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientError, HTTPError, OSError) as exc:
                 reason, code = type(exc).__name__, None
             failures += 1
             if once or failures > self._max_retries:

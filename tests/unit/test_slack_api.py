@@ -1,15 +1,17 @@
-"""SlackApi against the fake Slack: rate limits honoured, transient errors retried, others raised."""
+"""SlackApi against the fake Slack: rate limits honoured, transient errors retried, others raised,
+over botd's Web API client (``WebClient``) and over slack_sdk's own aiohttp one."""
 
 from __future__ import annotations
 
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import aiohttp
 import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
-from channels.slack.api import SlackApi, SlackCallError
+from agent.http import HTTPClient
+from channels.slack.api import SlackApi, SlackCallError, WebClient
 from tests.fakes.slack_server import FakeSlack
 
 
@@ -27,23 +29,30 @@ async def fake() -> AsyncIterator[FakeSlack]:
         yield server
 
 
-@pytest.fixture
-async def session() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as s:
-        yield s
+Client = Callable[[str, str], AsyncWebClient]  # (token, base URL) -> a Web API client
 
 
-def make_api(
-    fake: FakeSlack, session: aiohttp.ClientSession, sleep: SleepRecorder, token: str | None = None
-) -> SlackApi:
-    client = AsyncWebClient(
-        token=token or fake.bot_token, base_url=fake.api_url, session=session, retry_handlers=[]
-    )
-    return SlackApi(client, max_retries=3, sleep=sleep)
+@pytest.fixture(params=["botd", "slack_sdk"])
+async def client(request: pytest.FixtureRequest) -> AsyncIterator[Client]:
+    """botd's ``WebClient`` (the calls over ``agent.http``), or slack_sdk's over aiohttp."""
+    async with aiohttp.ClientSession() as session:
+        http = HTTPClient()
+        try:
+            if request.param == "botd":
+                yield lambda token, url: WebClient(token=token, base_url=url, session=session, retry_handlers=[],
+                                                   http=http)
+            else:
+                yield lambda token, url: AsyncWebClient(token=token, base_url=url, session=session, retry_handlers=[])
+        finally:
+            await http.aclose()
 
 
-async def test_call_returns_slack_answer(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
-    api = make_api(fake, session, SleepRecorder())
+def make_api(fake: FakeSlack, client: Client, sleep: SleepRecorder, token: str | None = None) -> SlackApi:
+    return SlackApi(client(token or fake.bot_token, fake.api_url), max_retries=3, sleep=sleep)
+
+
+async def test_call_returns_slack_answer(fake: FakeSlack, client: Client) -> None:
+    api = make_api(fake, client, SleepRecorder())
     data = await api.call("chat.postMessage", channel="C1", text="hi", thread_ts="1.1")
     assert data["ok"] is True and data["channel"] == "C1"
     [call] = fake.calls_to("chat.postMessage")
@@ -52,10 +61,10 @@ async def test_call_returns_slack_answer(fake: FakeSlack, session: aiohttp.Clien
 
 
 async def test_ratelimited_waits_retry_after_then_succeeds(
-    fake: FakeSlack, session: aiohttp.ClientSession
+    fake: FakeSlack, client: Client
 ) -> None:
     sleep = SleepRecorder()
-    api = make_api(fake, session, sleep)
+    api = make_api(fake, client, sleep)
     fake.rate_limit("chat.update", times=2, retry_after=7)
     posted = await api.call("chat.postMessage", channel="C1", text="a")
     await api.call("chat.update", channel="C1", ts=posted["ts"], text="b", run_id="run-1")
@@ -64,17 +73,16 @@ async def test_ratelimited_waits_retry_after_then_succeeds(
     assert fake.messages[("C1", posted["ts"])]["text"] == "b"
 
 
-async def test_real_sleep_honours_retry_after(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
-    client = AsyncWebClient(token=fake.bot_token, base_url=fake.api_url, session=session, retry_handlers=[])
-    api = SlackApi(client)
+async def test_real_sleep_honours_retry_after(fake: FakeSlack, client: Client) -> None:
+    api = SlackApi(client(fake.bot_token, fake.api_url))
     fake.rate_limit("auth.test", times=1, retry_after=1)
     await api.call("auth.test")
     first, second = fake.calls_to("auth.test")
     assert second.at - first.at >= 0.9
 
 
-async def test_rate_limit_waits_are_bounded(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
-    api = make_api(fake, session, SleepRecorder())
+async def test_rate_limit_waits_are_bounded(fake: FakeSlack, client: Client) -> None:
+    api = make_api(fake, client, SleepRecorder())
     fake.rate_limit("auth.test", times=50, retry_after=1)
     with pytest.raises(SlackCallError, match="ratelimited"):
         await api.call("auth.test")
@@ -82,10 +90,10 @@ async def test_rate_limit_waits_are_bounded(fake: FakeSlack, session: aiohttp.Cl
 
 
 async def test_transient_errors_are_retried_three_times(
-    fake: FakeSlack, session: aiohttp.ClientSession
+    fake: FakeSlack, client: Client
 ) -> None:
     sleep = SleepRecorder()
-    api = make_api(fake, session, sleep)
+    api = make_api(fake, client, sleep)
     fake.fail("chat.postMessage", "internal_error", times=2)
     data = await api.call("chat.postMessage", channel="C1", text="x")
     assert data["ok"]
@@ -99,8 +107,8 @@ async def test_transient_errors_are_retried_three_times(
     assert len(fake.calls_to("chat.postMessage")) == 3 + 4
 
 
-async def test_permanent_error_fails_at_once(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
-    api = make_api(fake, session, SleepRecorder())
+async def test_permanent_error_fails_at_once(fake: FakeSlack, client: Client) -> None:
+    api = make_api(fake, client, SleepRecorder())
     fake.fail("chat.postMessage", "channel_not_found")
     with pytest.raises(SlackCallError) as info:
         await api.call("chat.postMessage", channel="CNOPE", text="x")
@@ -110,31 +118,28 @@ async def test_permanent_error_fails_at_once(fake: FakeSlack, session: aiohttp.C
 
 
 async def test_bad_token_is_invalid_auth_and_never_in_the_message(
-    fake: FakeSlack, session: aiohttp.ClientSession
+    fake: FakeSlack, client: Client
 ) -> None:
-    api = make_api(fake, session, SleepRecorder(), token="xoxb-wrong-secret")
+    api = make_api(fake, client, SleepRecorder(), token="xoxb-wrong-secret")
     with pytest.raises(SlackCallError) as info:
         await api.call("auth.test")
     assert info.value.error == "invalid_auth"
     assert "xoxb-wrong-secret" not in str(info.value)
 
 
-async def test_connection_errors_are_retried_then_raised(session: aiohttp.ClientSession) -> None:
+async def test_connection_errors_are_retried_then_raised(client: Client) -> None:
     with socket.socket() as probe:  # a port nobody listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    client = AsyncWebClient(
-        token="xoxb-x", base_url=f"http://127.0.0.1:{port}/api/", session=session, retry_handlers=[]
-    )
     sleep = SleepRecorder()
-    api = SlackApi(client, max_retries=2, sleep=sleep)
+    api = SlackApi(client("xoxb-x", f"http://127.0.0.1:{port}/api/"), max_retries=2, sleep=sleep)
     with pytest.raises(SlackCallError) as info:
         await api.call("auth.test")
     assert "Connect" in info.value.error or "OSError" in info.value.error
     assert len(sleep.delays) == 2
 
 
-async def test_unknown_method_is_a_clear_error(fake: FakeSlack, session: aiohttp.ClientSession) -> None:
-    api = make_api(fake, session, SleepRecorder())
+async def test_unknown_method_is_a_clear_error(fake: FakeSlack, client: Client) -> None:
+    api = make_api(fake, client, SleepRecorder())
     with pytest.raises(ValueError, match="unknown Slack method"):
         await api.call("no.suchMethod")
