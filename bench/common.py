@@ -221,6 +221,57 @@ async def fake_llm_subprocess(latency_ms: float = 0.0, chunk_delay_ms: float = 0
                 await proc.wait()
 
 
+# A fake Bot API in its own process, ``argv[1]`` private messages waiting in it.
+_FAKE_TELEGRAM = """
+import asyncio, sys
+from tests.fakes.telegram_server import FakeTelegram
+
+async def main() -> None:
+    fake = FakeTelegram()
+    await fake.start()
+    for i in range(int(sys.argv[1])):
+        fake.push_message(fake.private_message(42, f"message {i}"))
+    print(fake.base_url, fake.token, flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes stdin
+    await fake.stop()
+
+asyncio.run(main())
+"""
+
+
+@contextlib.asynccontextmanager
+async def fake_telegram_subprocess(messages: int = 0) -> AsyncIterator[tuple[str, str, int]]:
+    """(base URL, token, pid) of ``tests.fakes.telegram_server`` in a subprocess, so its
+    CPU is not charged to the measured process, with ``messages`` updates from chat 42
+    waiting in it."""
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _FAKE_TELEGRAM, str(messages), cwd=ROOT,
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert proc.stdout is not None and proc.stdin is not None
+    try:
+        base_url, token = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
+        yield base_url, token, proc.pid
+    finally:
+        proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 10)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def sdk_post_unread(client: Any, body: bytes) -> None:
+    """One streamed ``/chat/completions`` through ``LLMClient``'s SDK client as botd
+    sends it, the body read raw and not decoded: the SDK's request layer alone."""
+    import httpx2
+
+    response = await client._client.post(
+        "/chat/completions", cast_to=httpx2.Response, content=body, stream=True, stream_cls=None
+    )
+    async for _ in response.aiter_bytes():
+        pass
+    await response.aclose()
+
+
 @contextlib.contextmanager
 def temp_workspace(prefix: str = "botd-bench-") -> Any:
     """A temporary directory for a workspace (and the embedded Valkey it starts).

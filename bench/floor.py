@@ -25,12 +25,10 @@ import asyncio
 import statistics
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import orjson
 
 # bench/ holds a telegram.py, named like python-telegram-bot: keep the directory off the path.
@@ -41,8 +39,10 @@ from bench.common import (  # noqa: E402
     ROOT,
     child_pid,
     fake_llm_subprocess,
+    fake_telegram_subprocess,
     proc_cpu,
     report_header,
+    sdk_post_unread,
     table,
     temp_workspace,
     write_json,
@@ -52,42 +52,6 @@ OUTPUT = ROOT / "bench" / "floor.json"
 CHAT = 42
 STORE_ROUND_TRIPS = 5
 ANSWER = "Here is the <b>answer</b>, short as most chat answers are."
-
-# A fake Bot API in its own process with ``count`` private messages waiting.
-FAKE_TELEGRAM = """
-import asyncio, sys
-from tests.fakes.telegram_server import FakeTelegram
-
-async def main() -> None:
-    fake = FakeTelegram()
-    await fake.start()
-    for i in range(int(sys.argv[1])):
-        fake.push_message(fake.private_message(42, f"message {i}"))
-    print(fake.base_url, fake.token, flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes stdin
-    await fake.stop()
-
-asyncio.run(main())
-"""
-
-
-@asynccontextmanager
-async def fake_telegram(messages: int) -> AsyncIterator[tuple[str, str, int]]:
-    """(base URL, token, pid) of the fake Bot API holding ``messages`` updates."""
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", FAKE_TELEGRAM, str(messages), cwd=ROOT,
-                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdin is not None
-    try:
-        base_url, token = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
-        yield base_url, token, proc.pid
-    finally:
-        proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
     from telegram import ReplyParameters
@@ -101,7 +65,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
     calls_per_row = args.rounds * (args.messages + args.warmup)
     updates = calls_per_row * 2  # getUpdates alone, then in the whole message
     with temp_workspace("botd-bench-floor-") as workspace:
-        async with fake_telegram(updates) as (base_url, token, _tg_pid), fake_llm_subprocess() as llm:
+        async with fake_telegram_subprocess(updates) as (base_url, token, _), fake_llm_subprocess() as llm:
             store = await open_redis(RedisConfig(), workspace)
             server_pid = child_pid("valkey-server")
             bot = make_bot(TelegramSettings(token=token, api_base_url=base_url))  # botd's Bot and pools
@@ -133,13 +97,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     raise RuntimeError("sendMessage answered without a message id")
 
             async def model_request() -> None:
-                # The SDK's post as LLMClient makes it; the body read raw, not decoded.
-                response = await model._client.post(
-                    "/chat/completions", cast_to=httpx2.Response, content=body, stream=True, stream_cls=None
-                )
-                async for _ in response.aiter_bytes():
-                    pass
-                await response.aclose()
+                await sdk_post_unread(model, body)
 
             async def store_trips() -> None:
                 for _ in range(STORE_ROUND_TRIPS):

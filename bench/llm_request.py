@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import httpx2
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.llm import LLMClient
 from agent.llm_stream import SSEDecoder, StreamAssembler, decode_json
 from agent.types import Message
-from bench.common import ROOT, fake_llm_subprocess, report_header, table, write_json
+from bench.common import ROOT, fake_llm_subprocess, report_header, sdk_post_unread, table, write_json
 
 OUTPUT = ROOT / "bench" / "llm_request.json"
 PROMPT = "Tell me something about the sea."
@@ -57,12 +56,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             await client.complete(messages, [])
 
         async def sdk_raw() -> None:
-            response = await client._client.post(
-                "/chat/completions", cast_to=httpx2.Response, content=body, stream=True, stream_cls=None
-            )
-            async for _ in response.aiter_bytes():
-                pass
-            await response.aclose()
+            await sdk_post_unread(client, body)
 
         async def aiohttp_decoded() -> None:
             async with session.post(url, data=body, headers=headers) as response:

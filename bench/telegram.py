@@ -49,6 +49,7 @@ from agent.types import RunRequest  # noqa: E402
 from bench import preview_faults  # noqa: E402
 from bench.common import (  # noqa: E402
     cpu_seconds,
+    fake_telegram_subprocess,
     proc_cpu,
     redis_url_from_env,
     report_header,
@@ -242,21 +243,6 @@ async def bench_outbound(client: aioredis.Redis, replies: int) -> dict[str, Any]
         return out
 
 
-FAKE_PROCESS = """
-import asyncio, sys
-from tests.fakes.telegram_server import FakeTelegram
-
-async def main() -> None:
-    fake = FakeTelegram()
-    await fake.start()
-    print(fake.base_url, fake.token, flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the bench closes stdin
-    await fake.stop()
-
-asyncio.run(main())
-"""
-
-
 async def bench_calls(calls: int) -> list[dict[str, Any]]:
     """CPU per Bot API call of the client and of the fake (in its own process), per transport."""
     from telegram import Bot
@@ -264,12 +250,8 @@ async def bench_calls(calls: int) -> list[dict[str, Any]]:
 
     from channels.telegram.transport import BotAPIRequest
 
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", FAKE_PROCESS, cwd=ROOT,
-                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
-    assert proc.stdout is not None and proc.stdin is not None
-    base_url, token = (await asyncio.wait_for(proc.stdout.readline(), 30)).decode().split()
     rows = []
-    try:
+    async with fake_telegram_subprocess() as (base_url, token, fake_pid):
         for label, request in (("botd (BotAPIRequest)", BotAPIRequest), ("httpx (HTTPXRequest)", HTTPXRequest)):
             bot = Bot(token, base_url=base_url, request=request(connection_pool_size=32))
             await bot.initialize()
@@ -283,20 +265,13 @@ async def bench_calls(calls: int) -> list[dict[str, Any]]:
             for method, call in kinds.items():
                 for i in range(20):
                     await call(i)
-                client0, fake0 = cpu_seconds(), proc_cpu(proc.pid)
+                client0, fake0 = cpu_seconds(), proc_cpu(fake_pid)
                 for i in range(calls):
                     await call(i)
                 rows.append({"transport": label, "method": method,
                              "client_cpu_ms": round((cpu_seconds() - client0) * 1000 / calls, 3),
-                             "fake_cpu_ms": round((proc_cpu(proc.pid) - fake0) * 1000 / calls, 3)})
+                             "fake_cpu_ms": round((proc_cpu(fake_pid) - fake0) * 1000 / calls, 3)})
             await bot.shutdown()
-    finally:
-        proc.stdin.close()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
     return rows
 
 
