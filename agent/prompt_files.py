@@ -75,9 +75,10 @@ def read_workspace_file(workspace: Path, name: str | Path, *, max_chars: int = M
     label = str(name)
     if label not in ("", ".", "..") and "/" not in label:
         # A plain name opened without following a final symlink cannot leave the
-        # workspace: no path resolution (several files a run). A symlink takes the long way.
+        # workspace: no path resolution (several files a run, so not even a Path object).
+        # A symlink takes the long way.
         try:
-            return _read(workspace / label, label, max_chars, os.O_NOFOLLOW)
+            return _read(os.path.join(workspace, label), label, max_chars, os.O_NOFOLLOW)
         except _FollowNeeded:
             pass
     try:
@@ -94,7 +95,7 @@ class _FollowNeeded(Exception):
     """The name is a symlink: only the resolving path may decide where it leads."""
 
 
-def _read(path: Path, label: str, max_chars: int, flags: int) -> FileText:
+def _read(path: str | Path, label: str, max_chars: int, flags: int) -> FileText:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | flags)
     except FileNotFoundError:
