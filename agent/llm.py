@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 import httpx2
 import structlog
 
-from agent.http import HTTPClient, HTTPXTransport
+from agent.http import HTTPClient, HTTPXClient
 from agent.llm_stream import (
     SSEDecoder,
     StreamAssembler,
@@ -120,18 +120,16 @@ class LLMClient:
         self._secret = api_key or ""
         official = base_url is None or urlparse(base_url).hostname == "api.openai.com"
         self._max_tokens_field = "max_completion_tokens" if official else "max_tokens"
-        # The SDK's own client settings (redirects followed, proxies from the environment
-        # through httpx2's mounts) over botd's HTTP client: a quarter less CPU per request
-        # than the SDK's aiohttp transport (bench/floor.py).
-        transport = HTTPXTransport(HTTPClient(
-            max_connections=1000, max_idle_per_origin=100, ssl_context=httpx2.create_ssl_context
-        ))
+        # The SDK's own client settings (redirects followed, proxies from the environment)
+        # over botd's HTTP client: less CPU per request than the SDK's aiohttp transport
+        # (bench/floor.py).
+        http = HTTPClient(max_connections=1000, max_idle_per_origin=100, ssl_context=httpx2.create_ssl_context)
         self._client = openai.AsyncOpenAI(
             api_key=api_key or "no-key",
             base_url=base_url,
             max_retries=0,
             timeout=request_timeout_s,
-            http_client=httpx2.AsyncClient(transport=transport, timeout=request_timeout_s, follow_redirects=True),
+            http_client=HTTPXClient(http, timeout=request_timeout_s, follow_redirects=True),
         )
 
     async def aclose(self) -> None:

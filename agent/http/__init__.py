@@ -1,12 +1,12 @@
 """botd's HTTP/1.1 client: keep-alive connections for the calls on a message's path.
 
 - ``client.py``      the pool (``HTTPClient``), an answer being read (``Response``), and
-                     the client as an httpx2 transport (``HTTPXTransport``, the SDK's).
+                     the client under httpx2 (``HTTPXTransport``; ``HTTPXClient``, the SDK's).
 - ``connection.py``  one connection: the request's head, the answer parsed as it comes
                      (llhttp), and the errors, timeouts and origins the client speaks of.
 """
 
-from agent.http.client import HTTPClient, HTTPXTransport, Response
+from agent.http.client import HTTPClient, HTTPXClient, HTTPXTransport, Response
 from agent.http.connection import (
     MAX_BUFFERED,
     ConnectError,
@@ -29,6 +29,7 @@ __all__ = [
     "HTTPClient",
     "HTTPError",
     "HTTPTimeout",
+    "HTTPXClient",
     "HTTPXTransport",
     "Origin",
     "PoolTimeout",

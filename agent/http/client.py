@@ -304,6 +304,22 @@ def _default_context() -> ssl.SSLContext:
 _HOP_BY_HOP = frozenset({b"host", b"content-length", b"transfer-encoding", b"connection", b"keep-alive"})
 
 
+class HTTPXClient(httpx2.AsyncClient):
+    """An ``httpx2.AsyncClient`` whose requests go over :class:`HTTPClient`, but for those
+    httpx2 sends through a proxy from ``HTTP(S)_PROXY`` / ``NO_PROXY`` (its own transport
+    does those, as without this client). httpx2 reads the environment's proxies only for
+    the transport it makes itself, so this one is made there too, as the ``openai`` SDK's
+    aiohttp client does."""
+
+    def __init__(self, http: HTTPClient, **kwargs: Any) -> None:
+        self.http = http
+        super().__init__(**kwargs)
+
+    def _init_transport(self, *args: Any, transport: httpx2.AsyncBaseTransport | None = None,
+                        **kwargs: Any) -> httpx2.AsyncBaseTransport:
+        return transport if transport is not None else HTTPXTransport(self.http)
+
+
 class HTTPXTransport(httpx2.AsyncBaseTransport):
     """:class:`HTTPClient` under an ``httpx2.AsyncClient`` (the ``openai`` SDK's): httpx2
     keeps its part (headers, redirects, decoding, proxies from the environment through

@@ -22,6 +22,7 @@ from agent.http import (
     ConnectError,
     ConnectTimeout,
     HTTPClient,
+    HTTPXClient,
     HTTPXTransport,
     PoolTimeout,
     ReadTimeout,
@@ -442,6 +443,19 @@ async def test_httpx2_over_the_client_decodes_and_reports_as_httpx2() -> None:
         assert response.status_code == 200
         with pytest.raises(httpx2.ReadTimeout):
             await response.aread()
+
+
+async def test_the_sdk_client_sends_through_the_environments_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx2 reads HTTP(S)_PROXY only for transports it makes itself: HTTPXClient leaves
+    it those, so a proxied origin goes through the proxy and the rest over botd's client."""
+    async with serving(answering(OK)) as proxy, serving(answering(OK)) as direct:
+        monkeypatch.setenv("HTTP_PROXY", proxy.url)
+        monkeypatch.setenv("NO_PROXY", f"127.0.0.1:{direct.port}")
+        async with HTTPXClient(HTTPClient()) as client:
+            assert (await client.get("http://127.0.0.1:9/v1/models")).text == "hello"
+            assert (await client.get(direct.url + "/v1/models")).text == "hello"
+        assert proxy.requests[0].startswith(b"GET http://127.0.0.1:9/v1/models HTTP/1.1\r\n")
+        assert direct.requests[0].startswith(b"GET /v1/models HTTP/1.1\r\n")
 
 
 # -- on uvloop, botd's event loop (its transports are not asyncio's) -------------------------
