@@ -156,7 +156,6 @@ class HTTPClient:
         try:
             transport = conn.transport
             assert transport is not None
-            conn.requests += 1
             if len(body) <= 16384:
                 transport.write(head + body)
             else:

@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 MAX_BUFFERED = 1 << 20  # bytes of an answer held before reading from the socket pauses
 MAX_HEADER_BYTES = 64 << 10  # an answer's status line and headers, together
-_UNSAFE_FIELD = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # no CR, LF or other control in a header
+_TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header's name (RFC 9110 token)
+_UNSAFE_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # no CR, LF or other control in a value
 UNSAFE_TARGET = re.compile(rb"[\x00-\x20\x7f]")
 
 
@@ -120,7 +121,6 @@ class Connection(asyncio.Protocol):
         self.error: HTTPError | None = None
         self.idle = False
         self.idle_since = 0.0
-        self.requests = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -277,11 +277,14 @@ def _expire(waiter: asyncio.Future[None]) -> None:
 
 
 def request_head(method: str, target: bytes, origin: Origin, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bytes:
-    """The request line and headers; ValueError for a CR, LF or other control in them."""
+    """The request line and headers; ValueError for a header that could end its line or
+    start another, and for HEAD (its answer's length would be read as a body to wait for)."""
+    if method == "HEAD" or not _TOKEN.fullmatch(method.encode("ascii", "replace")):
+        raise ValueError(f"method {method!r} is not supported")
     lines = [b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (method.encode("ascii"), target, origin.host_header)]
     for name, value in headers:
-        if _UNSAFE_FIELD.search(name) or _UNSAFE_FIELD.search(value) or b":" in name:
-            raise ValueError("a request header holds a control character or a colon in its name")
+        if not _TOKEN.fullmatch(name) or _UNSAFE_VALUE.search(value):
+            raise ValueError("a request header's name is not a token, or its value holds a control character")
         lines.append(b"%s: %s\r\n" % (name, value))
     if body or method not in ("GET", "HEAD", "DELETE", "OPTIONS"):
         lines.append(b"Content-Length: %d\r\n" % len(body))
