@@ -6,8 +6,9 @@ A message makes a few small requests to a couple of origins: the Bot API's form 
 SDK). Both libraries hand the HTTP step to a pluggable transport, and aiohttp, which
 botd used there, spent most of a call's client CPU on what these calls never use (URL
 objects, header multidicts, a writer task per request, cookie and trace hooks, a timer
-per chunk): a ``sendChatAction`` cost 0.44 ms of CPU through it and 0.12 ms here
-(``bench/floor.py``). This client does what those calls need and nothing else:
+per chunk): a ``sendChatAction``, library included, cost 0.29-0.33 ms of CPU through it
+and 0.15-0.17 ms here (``bench/floor.py``). This client does what those calls need and
+nothing else:
 
 * ``http`` and ``https`` origins (TLS with the given context, SNI by host name);
 * a request of bytes, written in one go; the answer read whole or streamed, with

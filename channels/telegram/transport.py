@@ -6,11 +6,12 @@ that last step changes here. The wire format is the one ``HTTPXRequest`` sends: 
 fields whose complex values are JSON, multipart when a file is uploaded.
 
 The calls of a message (``getUpdates``, ``sendChatAction``, ``sendMessage``, edits) go
-over :class:`agent.http.HTTPClient`: keep-alive connections and nothing else,
-about a quarter of aiohttp's client CPU per call (``bench/floor.py``). Two kinds of call
-keep aiohttp, which does them already and is rare on the path of a message: uploads
-(multipart bodies of up to 50 MB) and any call to an origin that ``HTTP(S)_PROXY`` /
-``NO_PROXY`` send through a proxy (looked up once per origin, as httpx did at start).
+over :class:`agent.http.HTTPClient`: keep-alive connections and nothing else, about half
+the client CPU of a call over aiohttp, the library's share included (``bench/floor.py``).
+Two kinds of call keep aiohttp, which does them already and is rare on the path of a
+message: uploads (multipart bodies of up to 50 MB) and any call to an origin that
+``HTTP(S)_PROXY`` / ``NO_PROXY`` send through a proxy (looked up once per origin, as httpx
+did at start).
 
 Failures map as in ``HTTPXRequest``: a timeout (including waiting for a free
 connection) is ``TimedOut``, anything else on the way is ``NetworkError``. The bot
