@@ -372,9 +372,8 @@ class BotdConfig(BaseSettings):
 
     @property
     def workspace(self) -> Path:
-        """``agent.workspace``, absolute with symlinks resolved. Read several times per
-        message, so resolved once per value and what it is relative to (``~``, the working
-        directory), not by a walk of lstat calls each time."""
+        """``agent.workspace`` resolved (read several times a message: the lstat walk is
+        done once per value, ``HOME`` and working directory)."""
         path = self.agent.workspace
         return _resolved(path, os.environ.get("HOME"), None if path.is_absolute() else os.getcwd())
 

@@ -6,19 +6,17 @@
                      (llhttp), and the errors, timeouts and origins the client speaks of.
 """
 
-from agent.http.client import HTTPClient, HTTPXClient, HTTPXTransport, Response
+from agent.http.client import HTTPClient, HTTPXClient, HTTPXTransport
 from agent.http.connection import (
     MAX_BUFFERED,
     ConnectError,
     ConnectTimeout,
     HTTPError,
     HTTPTimeout,
-    Origin,
     PoolTimeout,
     ReadTimeout,
     RemoteProtocolError,
     Timeouts,
-    WriteTimeout,
     split_url,
 )
 
@@ -31,12 +29,9 @@ __all__ = [
     "HTTPTimeout",
     "HTTPXClient",
     "HTTPXTransport",
-    "Origin",
     "PoolTimeout",
     "ReadTimeout",
     "RemoteProtocolError",
-    "Response",
     "Timeouts",
-    "WriteTimeout",
     "split_url",
 ]

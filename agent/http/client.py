@@ -44,7 +44,6 @@ from typing import Any
 import httpx2
 
 from agent.http.connection import (
-    UNSAFE_TARGET,
     ConnectError,
     Connection,
     ConnectTimeout,
@@ -192,8 +191,7 @@ class HTTPClient:
                 raise ConnectError("the HTTP client is closed")
             conn = self._idle_connection(origin)
             if conn is not None:
-                conn.idle = False
-                conn._reset()
+                conn.reset()
                 return conn
             if self._open < self.max_connections or self._close_an_idle_one():
                 return await self._connect(origin, timeouts.connect)
@@ -338,10 +336,7 @@ class HTTPXTransport(httpx2.AsyncBaseTransport):
         url = request.url
         origin = Origin.of(url.scheme, url.raw_host.decode("ascii"), url.port)
         try:
-            target = url.raw_path
-            if UNSAFE_TARGET.search(target):
-                raise ValueError("the URL's path holds a space or a control character")
-            response = await self.client.request(request.method, (origin, target), headers, body, timeouts)
+            response = await self.client.request(request.method, (origin, url.raw_path), headers, body, timeouts)
         except ValueError as exc:
             raise httpx2.UnsupportedProtocol(str(exc), request=request) from exc
         except HTTPError as exc:

@@ -23,7 +23,7 @@ MAX_BUFFERED = 1 << 20  # bytes of an answer held before reading from the socket
 MAX_HEADER_BYTES = 64 << 10  # an answer's status line and headers, together
 _TOKEN = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")  # a header's name (RFC 9110 token)
 _UNSAFE_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")  # no CR, LF or other control in a value
-UNSAFE_TARGET = re.compile(rb"[\x00-\x20\x7f]")
+_UNSAFE_TARGET = re.compile(rb"[\x00-\x20\x7f]")  # no space or control in a request target
 
 
 class HTTPError(Exception):
@@ -98,7 +98,7 @@ def split_url(url: str) -> tuple[Origin, bytes]:
         raise ValueError("credentials in the URL are not supported")
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     raw = target.encode("ascii", "strict")  # callers percent-encode; anything else is a bug
-    if UNSAFE_TARGET.search(raw):
+    if _UNSAFE_TARGET.search(raw):
         raise ValueError("the URL's path holds a space or a control character")
     host = parts.hostname.encode("idna").decode("ascii") if not parts.hostname.isascii() else parts.hostname
     return Origin.of(scheme, host, parts.port), raw
@@ -119,11 +119,12 @@ class Connection(asyncio.Protocol):
         self.writing_paused = False
         self.lost = False
         self.error: HTTPError | None = None
-        self.idle = False
         self.idle_since = 0.0
-        self._reset()
+        self.reset()
 
-    def _reset(self) -> None:
+    def reset(self) -> None:
+        """Forget the last answer: the connection is taken for a new request."""
+        self.idle = False
         self.status = 0
         self.reason = b""
         self.headers: list[tuple[bytes, bytes]] = []
@@ -281,6 +282,8 @@ def request_head(method: str, target: bytes, origin: Origin, headers: Iterable[t
     start another, and for HEAD (its answer's length would be read as a body to wait for)."""
     if method == "HEAD" or not _TOKEN.fullmatch(method.encode("ascii", "replace")):
         raise ValueError(f"method {method!r} is not supported")
+    if _UNSAFE_TARGET.search(target):
+        raise ValueError("the URL's path holds a space or a control character")
     lines = [b"%s %s HTTP/1.1\r\nHost: %s\r\n" % (method.encode("ascii"), target, origin.host_header)]
     for name, value in headers:
         if not _TOKEN.fullmatch(name) or _UNSAFE_VALUE.search(value):

@@ -99,9 +99,8 @@ class WebClient(AsyncWebClient):
         if params := req_args.get("params"):
             api_url = f"{api_url}?{urlencode(params)}"
         headers = [(str(k).encode("latin-1"), str(v).encode("latin-1")) for k, v in req_args["headers"].items()]
-        phase = float(self.timeout)
-        async with asyncio.timeout(phase):  # the SDK's timeout bounds the whole call, as aiohttp's did
-            response = await self.http.request(http_verb, api_url, headers, body, Timeouts(phase, phase, phase, phase))
+        async with asyncio.timeout(self.timeout):  # the SDK's timeout bounds the whole call, as aiohttp's did
+            response = await self.http.request(http_verb, api_url, headers, body, _WHOLE_CALL_BOUNDED)
             raw = await response.read(_MAX_ANSWER_BYTES)
         answer_headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers)
         return {"data": _data_of(raw, answer_headers.get("Content-Type", ""), response),
@@ -110,6 +109,7 @@ class WebClient(AsyncWebClient):
 
 # A Web API answer is JSON of at most a few MiB (a long conversations.history page).
 _MAX_ANSWER_BYTES = 64 << 20
+_WHOLE_CALL_BOUNDED = Timeouts(connect=None, read=None, write=None, pool=None)  # by the call's own timeout
 
 
 def _body_of(req_args: dict[str, Any]) -> bytes | None:
