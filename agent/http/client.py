@@ -331,7 +331,10 @@ class HTTPXTransport(httpx2.AsyncBaseTransport):
         spec: dict[str, Any] = request.extensions.get("timeout") or {}
         timeouts = Timeouts(connect=spec.get("connect"), read=spec.get("read"), write=spec.get("write"),
                             pool=spec.get("pool"))
-        body = request.content if isinstance(request.stream, httpx2.ByteStream) else await request.aread()
+        try:
+            body = request.content
+        except httpx2.RequestNotRead:  # a streamed body, or one httpx2 rebuilt to follow a redirect
+            body = await request.aread()
         headers = [(k, v) for k, v in request.headers.raw if k.lower() not in _HOP_BY_HOP]
         url = request.url
         origin = Origin.of(url.scheme, url.raw_host.decode("ascii"), url.port)

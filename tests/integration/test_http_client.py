@@ -450,6 +450,17 @@ async def test_httpx2_over_the_client_decodes_and_reports_as_httpx2() -> None:
             await response.aread()
 
 
+async def test_httpx2_over_the_client_resends_the_body_after_a_307() -> None:
+    """httpx2 rebuilds the request to follow a redirect; its body must go out again."""
+    moved = b"HTTP/1.1 307 Temporary Redirect\r\nLocation: /there\r\nContent-Length: 0\r\n\r\n"
+    async with serving(answering(moved, OK)) as server:
+        async with HTTPXClient(HTTPClient(), follow_redirects=True) as client:
+            response = await client.post(server.url + "/here", content=b'{"a": 1}')
+        assert (response.status_code, response.text) == (200, "hello")
+        assert server.requests[1].startswith(b"POST /there HTTP/1.1\r\n")
+        assert server.requests[1].endswith(b'\r\n\r\n{"a": 1}')
+
+
 async def test_the_sdk_client_sends_through_the_environments_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     """httpx2 reads HTTP(S)_PROXY only for transports it makes itself: HTTPXClient leaves
     it those, so a proxied origin goes through the proxy and the rest over botd's client."""
