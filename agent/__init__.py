@@ -5,10 +5,11 @@ nothing of chats or Redis; the daemon passes everything in.
                       the ``AgentEvent`` union, ``RunResult``).
 - ``loop.py``         ask the model, run the tools it calls, repeat; every exit leaves a
                       valid history. ``budget.py``: will the next request fit the window.
-- ``llm.py``          the OpenAI-compatible client (``llm_stream.py`` assembles a stream,
-                      ``llm_types.py`` is the model contract, ``openai_sdk.py`` loads the
-                      SDK without its type modules); ``notices.py`` what a chat user is
-                      told when an answer fails or is cut.
+- ``llm.py``          the OpenAI-compatible client (``llm_wire.py`` sends the request as
+                      the SDK would, ``llm_errors.py`` says what a failure was,
+                      ``llm_stream.py`` assembles a stream, ``llm_types.py`` is the model
+                      contract, ``openai_sdk.py`` loads the SDK without its type modules);
+                      ``notices.py`` what a chat user is told when an answer fails or is cut.
 - ``http/``           the keep-alive HTTP/1.1 client under the model's requests and the
                       Bot API's calls (an httpx2 transport for the SDK).
 - ``history.py``      the pipeline before each call (``pruning.py``, ``history_repair.py``);

@@ -1,7 +1,8 @@
 """The OpenAI-compatible chat model: streaming, bounded retries, a deadline, clean cancellation.
 
-The ``openai`` package makes the requests (over ``agent.http``); its own retries
-are off so that ours are bounded and visible: failures *before* the response starts
+The request goes out as the ``openai`` SDK would send it (``agent.llm_wire``: straight
+over ``agent.http`` with the SDK's headers, or through the SDK where only it knows the
+way); the SDK's own retries are off so that ours are bounded and visible: failures *before* the response starts
 (429, 408/409, 5xx, connection errors, and after the 200 headers an error event, a
 disconnect or a stream that ends without a finish reason while no text has gone out)
 are retried, with exponential backoff or the server's Retry-After (capped), and never
@@ -17,9 +18,7 @@ The contract types live in ``agent.llm_types`` and are re-exported here.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import random
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,15 +29,14 @@ import httpx2
 import structlog
 
 from agent.http import HTTPClient, HTTPXClient
+from agent.llm_errors import redact, sdk_error, stream_error
 from agent.llm_stream import (
     SSEDecoder,
     StreamAssembler,
-    body_bytes,
     check_finished,
     decode_json,
     drain,
     encode_json,
-    in_stream_error,
     malformed,
 )
 from agent.llm_types import (
@@ -50,6 +48,7 @@ from agent.llm_types import (
     estimate_text_tokens,
     estimate_tokens,
 )
+from agent.llm_wire import ChatWire
 from agent.openai_sdk import openai
 from agent.types import Message
 
@@ -63,17 +62,10 @@ __all__ = [
     "StreamDelta",
     "estimate_text_tokens",
     "estimate_tokens",
+    "redact",
 ]
 
 log = structlog.get_logger(__name__)
-
-_RETRY_STATUSES = frozenset({408, 409, 429})
-_KEY_PATTERN = re.compile(r"\b(sk|xox[abpe]|Bearer)[- ][A-Za-z0-9_\-*.]{6,}")
-_MAX_DETAIL_CHARS = 200
-_CONTEXT_PATTERN = re.compile(
-    r"context[ _](length|window)|maximum context|too many tokens|prompt is too long|context too long", re.I
-)
-
 
 @dataclass(frozen=True, slots=True)
 class RetryInfo:
@@ -121,8 +113,7 @@ class LLMClient:
         official = base_url is None or urlparse(base_url).hostname == "api.openai.com"
         self._max_tokens_field = "max_completion_tokens" if official else "max_tokens"
         # The SDK's own client settings (redirects followed, proxies from the environment)
-        # over botd's HTTP client: less CPU per request than the SDK's aiohttp transport
-        # (bench/floor.py).
+        # over botd's HTTP client, for what the SDK sends itself (agent.llm_wire).
         http = HTTPClient(max_connections=1000, max_idle_per_origin=100, ssl_context=httpx2.create_ssl_context)
         self._client = openai.AsyncOpenAI(
             api_key=api_key or "no-key",
@@ -131,6 +122,7 @@ class LLMClient:
             timeout=request_timeout_s,
             http_client=HTTPXClient(http, timeout=request_timeout_s, follow_redirects=True),
         )
+        self._wire = ChatWire(self._client, http, request_timeout_s, self._secret)
 
     async def aclose(self) -> None:
         """Release the HTTP connection pool."""
@@ -190,28 +182,22 @@ class LLMClient:
     ) -> LLMResponse:
         """One request; a complete answer or an ``LLMError`` saying whether output had started.
 
-        The SDK sends the request (headers, auth, status errors) and hands back the open
-        HTTP response; the body is decoded here, one JSON decode per event, because the
-        SDK's per-request parameter transform and per-chunk pydantic model cost several
-        times more CPU than the rest of a turn. The body is JSON encoded once, by orjson."""
-        try:
-            response = await self._client.post(
-                "/chat/completions", cast_to=httpx2.Response, content=request, stream=True, stream_cls=None
-            )
-        except openai.APIError as exc:
-            raise self._error(exc) from None
+        The body is decoded here, one JSON decode per event, because the SDK's per-chunk
+        pydantic model costs several times more CPU than the rest of a turn. The request
+        is JSON encoded once, by orjson."""
+        answer = await self._wire.open(request)
         assembler = StreamAssembler()
         decoder = SSEDecoder()
-        body = body_bytes(response, lambda error: self._stream_error(error, assembler))
+        body = answer.chunks(lambda: stream_error(None, started=assembler.started, secret=self._secret))
         try:  # closes the HTTP response on every exit, cancellation included
             async for raw in body:
-                if await self._feed(raw, decoder, assembler, response, on_delta):
+                if await self._feed(raw, decoder, assembler, on_delta):
                     await drain(body)
                     break
         finally:
             await body.aclose()
-            await response.aclose()
-        check_finished(assembler, response.headers.get("content-type", ""))
+            await answer.aclose()
+        check_finished(assembler, answer.content_type)
         result = assembler.response(messages, attempts=attempt)
         result.model = result.model or self.model
         return result
@@ -221,7 +207,6 @@ class LLMClient:
         raw: bytes,
         decoder: SSEDecoder,
         assembler: StreamAssembler,
-        response: httpx2.Response,
         on_delta: DeltaCallback | None,
     ) -> bool:
         """Decode one piece of the body into the assembler; True once ``[DONE]`` came."""
@@ -237,20 +222,11 @@ class LLMClient:
             except ValueError:  # an SSE event whose data is not JSON
                 raise malformed(assembler) from None
             if isinstance(chunk, dict) and chunk.get("error"):
-                raise self._stream_error(in_stream_error(chunk["error"], response), assembler)
+                raise stream_error(chunk["error"], started=assembler.started, secret=self._secret)
             for delta in assembler.feed(chunk if isinstance(chunk, dict) else {}):
                 if on_delta is not None:
                     await on_delta(delta)
         return False
-
-    def _stream_error(self, exc: openai.APIError, assembler: StreamAssembler) -> LLMError:
-        """A failure after the 200 headers: retryable only while no text has gone out."""
-        detail = self._detail(exc)
-        where = "midway" if assembler.started else "before the answer started"
-        return LLMError(
-            f"The language model stream failed {where}" + (f": {detail}" if detail else "."),
-            kind="stream", retryable=True, started=assembler.started,
-        )
 
     def _report_retry(self, info: RetryInfo) -> None:
         if self.on_retry is None:
@@ -270,7 +246,7 @@ class LLMClient:
                 f"The language model service did not answer within {timeout_s:g} s.", kind="timeout", retryable=True
             ) from None
         except openai.APIError as exc:
-            raise self._error(exc) from None
+            raise sdk_error(exc, self._secret) from None
         return [str(m.id) for m in page.data]
 
     def _request(self, messages: Sequence[Message], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -300,95 +276,3 @@ class LLMClient:
         if time.monotonic() + wait >= deadline:
             return None
         return wait
-
-    def _error(self, exc: openai.APIError) -> LLMError:
-        """The ``LLMError`` for a failure before the stream started, with the operator's detail."""
-        if isinstance(exc, openai.APITimeoutError):
-            return LLMError("The language model request timed out.", kind="timeout", retryable=True)
-        if isinstance(exc, openai.APIConnectionError):  # a timeout is one too: after the check above
-            return LLMError("Could not reach the language model service.", kind="connection", retryable=True)
-        status = getattr(exc, "status_code", None)
-        if not isinstance(status, int):
-            return LLMError("The language model sent an unexpected response.", kind="protocol", retryable=True)
-        detail = self._detail(exc)
-        said = f": {detail}" if detail else "."
-        if status == 429:
-            return LLMError(
-                f"The language model is rate-limited (HTTP 429){said}",
-                kind="rate_limit", retryable=True, status=status, retry_after_s=retry_after_s(exc),
-            )
-        if status >= 500 or status in _RETRY_STATUSES:
-            return LLMError(
-                f"The language model service had an error (HTTP {status}){said}",
-                kind="server", retryable=True, status=status, retry_after_s=retry_after_s(exc),
-            )
-        if status in (401, 403):
-            return LLMError(
-                f"The language model refused the credentials (HTTP {status}); check llm.api_key.",
-                kind="auth", retryable=False, status=status,
-            )
-        if status == 404:
-            return LLMError(
-                "The language model endpoint or model was not found (HTTP 404); check llm.base_url and llm.model.",
-                kind="not_found", retryable=False, status=status,
-            )
-        return LLMError(
-            f"The language model rejected the request (HTTP {status}){said}",
-            kind="bad_request", retryable=False, status=status, context_exceeded=_context_exceeded(exc, detail),
-        )
-
-    def _detail(self, exc: openai.APIError) -> str:
-        """The server's own error message, shortened and with anything key-like masked."""
-        body = exc.body
-        message: Any = None
-        if isinstance(body, dict):
-            inner = body.get("error")
-            message = inner.get("message") if isinstance(inner, dict) else body.get("message")
-        elif isinstance(body, str):
-            message = body
-        if not isinstance(message, str) or not message.strip():
-            return ""
-        return redact(message.strip(), self._secret)[:_MAX_DETAIL_CHARS]
-
-
-def _context_exceeded(exc: openai.APIError, detail: str) -> bool:
-    """Whether a 400 says the conversation is longer than the model's context."""
-    code = getattr(exc, "code", None)
-    if code == "context_length_exceeded":
-        return True
-    return bool(_CONTEXT_PATTERN.search(detail))
-
-
-def redact(text: str, secret: str = "") -> str:
-    """Mask ``secret`` and anything shaped like an API key or token."""
-    if secret:
-        text = text.replace(secret, "***")
-    return _KEY_PATTERN.sub(lambda m: m.group(1) + "-***", text)
-
-
-def retry_after_s(exc: openai.APIError) -> float | None:
-    """The server's requested wait (``retry-after-ms``, ``retry-after`` seconds or HTTP date)."""
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None)
-    if headers is None:
-        return None
-    raw_ms = headers.get("retry-after-ms")
-    if raw_ms:
-        try:
-            value = float(raw_ms) / 1000
-            return value if value >= 0 else None
-        except ValueError:
-            pass
-    raw = headers.get("retry-after")
-    if not raw:
-        return None
-    try:
-        value = float(raw)
-        return value if value >= 0 else None
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())

@@ -7,8 +7,8 @@ send ``arguments`` as a JSON object rather than a string, some reuse call ids, a
 reasoning arrives under different names (``reasoning_content``, ``reasoning``,
 ``thinking``, …) as extra fields of the delta, as a string or a ``{"text": …}`` object.
 This module absorbs those differences so the client and the loop see one shape. It
-also reads the wire itself (SSE events from the body bytes, the SDK's error mapping),
-which is several times cheaper than the SDK's model per chunk.
+also reads the SSE events from the body bytes itself, which is several times cheaper
+than the SDK's model per chunk.
 """
 
 from __future__ import annotations
@@ -16,27 +16,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import ssl
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-import anyio
-import httpx2
 import orjson
 
 from agent.llm_types import LLMError, LLMResponse, StreamDelta, estimate_text_tokens, estimate_tokens
-from agent.openai_sdk import openai
 from agent.types import Message, ToolCall, Usage
 
 # Checked in this order; only the first non-empty one of a delta is used, because some
 # servers send the same text under two names.
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking", "reasoning_text")
 
-# What reading the body can raise on a network failure (as the SDK maps them).
-_NETWORK_ERRORS: tuple[type[BaseException], ...] = (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream)
 _DRAIN_S = 0.1
 
 
@@ -318,22 +312,6 @@ def decode_json(data: str) -> Any:
         return json.loads(data)  # raises ValueError when it is not JSON at all
 
 
-async def body_bytes(
-    response: httpx2.Response, on_error: Callable[[openai.APIError], LLMError]
-) -> AsyncGenerator[bytes, None]:
-    """The response body's bytes; a network failure becomes the stream ``LLMError``."""
-    try:
-        async for raw in response.aiter_bytes():
-            yield raw
-    except _NETWORK_ERRORS as exc:
-        error: openai.APIError = (
-            openai.APITimeoutError(request=response.request)
-            if isinstance(exc, httpx2.TimeoutException)
-            else openai.APIConnectionError(request=response.request)
-        )
-        raise on_error(error) from None
-
-
 async def drain(body: AsyncIterator[bytes]) -> None:
     """Read what follows ``[DONE]`` (briefly) so the connection can be reused."""
     with contextlib.suppress(TimeoutError, LLMError):
@@ -347,14 +325,6 @@ def malformed(assembler: StreamAssembler) -> LLMError:
         "The language model sent a malformed stream (an event that is not JSON).",
         kind="protocol", retryable=True, started=assembler.started,
     )
-
-
-def in_stream_error(error: Any, response: httpx2.Response) -> openai.APIError:
-    """An error event inside the stream, as the SDK reports it."""
-    message = error.get("message") if isinstance(error, dict) else None
-    if not message or not isinstance(message, str):
-        message = "An error occurred during streaming"
-    return openai.APIError(message=message, request=response.request, body=error)
 
 
 def check_finished(assembler: StreamAssembler, content_type: str) -> None:
