@@ -2,7 +2,8 @@
 
 A message on the Telegram polling path makes three Bot API calls through
 python-telegram-bot (the ``getUpdates`` that brings it, ``sendChatAction``,
-``sendMessage``), one streamed request through the ``openai`` SDK and five round trips
+``sendMessage``), one streamed model request as ``LLMClient`` sends it (the ``openai``
+SDK's headers, ``agent.llm_wire``) and five round trips
 to the store (``bench/paths.py`` counts them). This makes exactly those calls, the way
 botd makes them and on botd's event loop (uvloop), with nothing in between: the fakes
 run in their own processes, the store is the embedded Valkey behind botd's own client.
@@ -97,7 +98,13 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     raise RuntimeError("sendMessage answered without a message id")
 
             async def model_request() -> None:
-                await sdk_post_unread(model, body)
+                if not hasattr(model, "_wire"):  # a tree from before agent.llm_wire: the SDK sent it
+                    await sdk_post_unread(model, body)
+                    return
+                answer = await model._wire.open(body)
+                async for _ in answer.chunks(lambda: RuntimeError("the model's stream broke off")):
+                    pass
+                await answer.aclose()
 
             async def store_trips() -> None:
                 for _ in range(STORE_ROUND_TRIPS):
@@ -114,7 +121,7 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                 "getUpdates, one message (python-telegram-bot)": get_updates,
                 "sendChatAction (python-telegram-bot)": typing,
                 "sendMessage, id read (python-telegram-bot)": send,
-                "streamed model request, body unread (openai SDK)": model_request,
+                "streamed model request, body unread (as LLMClient sends it)": model_request,
                 f"{STORE_ROUND_TRIPS} store round trips (botd's client, embedded Valkey)": store_trips,
                 "all of these, in a message's order": message,
             }

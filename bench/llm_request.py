@@ -1,15 +1,15 @@
-"""One streamed model request, and what it would cost without the openai SDK's request layer.
+"""One streamed model request: what botd sends, and what the openai SDK's request layer costs.
 
-botd talks to providers through the SDK (``LLMClient``) unless an alternative on the same
-wire is at least 3× cheaper per request. This measures, against the fake OpenAI server in
-its own process, the CPU of this process per request for:
+botd talks to providers as the SDK would, but sends the request itself unless only the
+SDK knows the way (``agent.llm_wire``): the issue's rule is that an alternative on the
+same wire must be at least 3× cheaper per request. This measures, against the fake
+OpenAI server in its own process, the CPU of this process per request for:
 
-* ``LLMClient.complete`` — what botd does (the SDK's ``post`` over ``agent.http``,
-  then botd's SSE decoding and assembly);
+* ``LLMClient.complete`` — botd's whole call, straight over ``agent.http`` (its route
+  unless a proxy, a redirect or SDK-side auth sends it through the SDK);
+* ``LLMClient.complete, through the SDK`` — the same call on the SDK's route;
 * ``SDK post, body unread`` — the SDK's request layer alone, the body read raw;
-* ``aiohttp, decoded`` — the same request with a bare ``aiohttp`` session and botd's
-  decoder and assembler (the alternative);
-* ``aiohttp, body unread`` — a bare request, the body read raw.
+* ``agent.http, body unread`` — the same request with the SDK's headers, straight.
 
 Rows alternate in rounds so the machine's drift falls on all of them alike.
 
@@ -29,13 +29,12 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agent.http import HTTPClient
 from agent.llm import LLMClient
-from agent.llm_stream import SSEDecoder, StreamAssembler, decode_json
 from agent.types import Message
 from bench.common import ROOT, fake_llm_subprocess, report_header, sdk_post_unread, table, write_json
 
@@ -44,37 +43,35 @@ PROMPT = "Tell me something about the sea."
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    async with fake_llm_subprocess() as llm, aiohttp.ClientSession() as session:
+    async with fake_llm_subprocess() as llm:
         client = LLMClient(model="bench", base_url=llm.base_url, api_key="bench", max_retries=0)
+        through_sdk = LLMClient(model="bench", base_url=llm.base_url, api_key="bench", max_retries=0)
+        through_sdk._wire._direct = None  # the route a proxy or a redirect would choose
         messages = [Message.user(PROMPT)]
         body = orjson.dumps({"model": "bench", "messages": [{"role": "user", "content": PROMPT}],
                              "stream": True, "stream_options": {"include_usage": True}})
-        url = llm.base_url + "/chat/completions"
-        headers = {"Authorization": "Bearer bench", "Content-Type": "application/json"}
+        route = client._wire._direct
+        assert route is not None, "the fake's address should be reached straight"
+        url, headers = route
+        http = HTTPClient()
 
         async def botd() -> None:
             await client.complete(messages, [])
 
+        async def botd_sdk() -> None:
+            await through_sdk.complete(messages, [])
+
         async def sdk_raw() -> None:
             await sdk_post_unread(client, body)
 
-        async def aiohttp_decoded() -> None:
-            async with session.post(url, data=body, headers=headers) as response:
-                decoder, assembler = SSEDecoder(), StreamAssembler()
-                async for raw in response.content.iter_any():
-                    for _event, data in decoder.feed(raw):
-                        if not data.startswith("[DONE]"):
-                            assembler.feed(decode_json(data))
-                assembler.response(messages)
-
-        async def aiohttp_raw() -> None:
-            async with session.post(url, data=body, headers=headers) as response:
-                async for _ in response.content.iter_any():
-                    pass
+        async def straight_raw() -> None:
+            response = await http.request("POST", url, headers, body)
+            async for _ in response:
+                pass
 
         rows: dict[str, Callable[[], Awaitable[None]]] = {
-            "LLMClient.complete": botd, "SDK post, body unread": sdk_raw,
-            "aiohttp, decoded": aiohttp_decoded, "aiohttp, body unread": aiohttp_raw,
+            "LLMClient.complete": botd, "LLMClient.complete, through the SDK": botd_sdk,
+            "SDK post, body unread": sdk_raw, "agent.http, body unread": straight_raw,
         }
         samples: dict[str, list[float]] = {name: [] for name in rows}
         for _ in range(args.rounds):
@@ -86,6 +83,8 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
                     await call()
                 samples[name].append((time.process_time() - start) / args.requests * 1e6)
         await client.aclose()
+        await through_sdk.aclose()
+        await http.aclose()
     return {name: {"us_per_request": round(statistics.median(v), 1), "rounds": [round(x, 1) for x in v]}
             for name, v in samples.items()}
 
