@@ -210,6 +210,10 @@ class Attachments:
         if now - self._swept.get(str(inbox), 0.0) < SWEEP_EVERY_S:
             return
         self._remember_swept(str(inbox), now)
+        # Most sessions never got a file. One stat of the workspace's own disk (2 µs) spares
+        # them the thread hop (64 µs), as the system prompt reads its files inline too.
+        if not os.path.isdir(inbox):  # noqa: ASYNC240
+            return
         removed = await asyncio.to_thread(sweep_inbox, inbox, self.cfg.attachments.keep_days * 86400, now)
         if removed:
             log.info("attachments.swept", inbox=str(inbox), removed=removed)
