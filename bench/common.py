@@ -318,11 +318,18 @@ class RoundTrips:
             return
         from redis.asyncio.connection import AbstractConnection
 
-        original = AbstractConnection.send_packed_command
+        from bot.store.pool import PromptWrite
 
-        async def counted(self: Any, command: Any, check_health: bool = True) -> None:
-            cls.count += 1
-            await original(self, command, check_health)
+        # botd's store connection writes by itself (it falls back to redis-py's method only
+        # to connect): each request is counted once, at the class that sends it.
+        for klass in (AbstractConnection, PromptWrite):
+            original = klass.__dict__["send_packed_command"]
 
-        AbstractConnection.send_packed_command = counted  # type: ignore[method-assign]
+            async def counted(self: Any, command: Any, check_health: bool = True, *,
+                              _original: Any = original, _klass: type = klass) -> None:
+                if _klass is PromptWrite or not isinstance(self, PromptWrite):
+                    cls.count += 1
+                await _original(self, command, check_health)
+
+            klass.send_packed_command = counted  # type: ignore[method-assign]
         cls._installed = True
