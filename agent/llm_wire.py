@@ -3,7 +3,7 @@ through the SDK itself where only it knows the way.
 
 The ``openai`` SDK's request layer (its options model, URL and header merging, httpx2's
 client) costs several times the CPU of the request itself: ``bench/llm_request.py``
-measures a request sent straight over ``agent.http`` at under a third of one sent
+measures a request sent straight over ``agent.http`` at about a third of one sent
 through the SDK, on the same wire. So the SDK is asked once, when the client is made,
 for what it would send (the endpoint, its default and auth headers), and each request
 goes out with exactly that. Where the SDK would do more than that, the SDK sends the
