@@ -27,6 +27,7 @@ from bot.store.keys import Keys
 from bot.store.kv import RedisKeyValue as StoreKeyValue
 from channels.base import ChannelContext, RouteHandler, SubmitResult
 from channels.slack.intake import Outcome
+from tests.fakes import serving_app
 
 
 class RedisKeyValue(StoreKeyValue):
@@ -126,12 +127,5 @@ class RecordingContext:
         app = web.Application(client_max_size=max_body_bytes)
         for method, path, handler in self.routes:
             app.router.add_route(method, path, handler)
-        runner = web.AppRunner(app, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            await runner.cleanup()
+        async with serving_app(app) as base_url:
+            yield base_url

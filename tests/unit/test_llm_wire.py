@@ -14,6 +14,7 @@ from agent.llm import LLMClient
 from agent.llm_errors import sdk_error, status_error
 from agent.openai_sdk import openai
 from agent.types import Message
+from tests.fakes import serving_app
 from tests.fakes.openai_server import FakeOpenAI, Reply
 
 PROMPT = [Message.user("hello")]
@@ -29,15 +30,8 @@ async def serving(handler: web.Handler) -> AsyncIterator[str]:
     """A one-route server for ``POST /v1/chat/completions``; yields its base URL."""
     app = web.Application()
     app.router.add_post("/v1/chat/completions", handler)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        await runner.cleanup()
+    async with serving_app(app) as url:
+        yield url + "/v1"
 
 
 @pytest.fixture(autouse=True)
