@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 import pytest
 from aiohttp import web
 
-from agent.llm import LLMClient
+from agent.llm import LLMClient, RetryInfo
 from agent.llm_errors import sdk_error, status_error
 from agent.openai_sdk import openai
 from agent.types import Message
@@ -144,3 +144,30 @@ async def test_an_error_status_reads_the_same_either_way() -> None:
 ], ids=["query", "header"])
 def test_what_only_the_sdk_knows_how_to_send_goes_through_it(base_url: str, api_key: str) -> None:
     assert not LLMClient(model="m", base_url=base_url, api_key=api_key)._wire.direct
+
+
+async def test_an_oversized_error_body_is_not_read_whole_and_the_status_still_counts() -> None:
+    """A hostile or broken server's error page past the cap: no message from it, the
+    status still decides (a 500 is retried), and nothing of it is kept."""
+    calls = 0
+
+    async def flood(request: web.Request) -> web.StreamResponse:
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            return web.Response(status=200, content_type="text/event-stream", body=(
+                b'data: {"choices":[{"index":0,"delta":{"content":"after"},"finish_reason":"stop"}]}\n\n'
+                b"data: [DONE]\n\n"))
+        return web.Response(status=500, body=b'{"error": {"message": "' + b"x" * (2 << 20) + b'"}}')
+
+    async with serving(flood) as base_url:
+        retries: list[RetryInfo] = []
+        client = LLMClient(model="m", base_url=base_url, api_key=API_KEY, max_retries=1, retry_base_s=0.01,
+                           request_timeout_s=5.0, on_retry=retries.append)
+        try:
+            assert (await client.complete(PROMPT, None)).text == "after"
+        finally:
+            await client.aclose()
+    assert calls == 2
+    assert [(r.error.kind, r.error.message) for r in retries] == [
+        ("server", "The language model service had an error (HTTP 500).")]
