@@ -24,7 +24,7 @@ from slack_sdk.errors import SlackApiError
 from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.internal_utils import _build_unexpected_body_error_message
 
-from agent.http import HTTPClient, HTTPError, Timeouts
+from agent.http import HTTPClient, HTTPError, Timeouts, split_url
 
 log = structlog.get_logger(__name__)
 
@@ -96,11 +96,14 @@ class WebClient(AsyncWebClient):
         body = _body_of(req_args)
         if body is None or any(req_args.get(key) for key in ("proxy", "ssl", "auth", "files")):
             return await super()._request(http_verb=http_verb, api_url=api_url, req_args=req_args)
+        # The method's URL is split once (split_url caches it); a call's own parameters (the
+        # SDK sends reactions.add's in the query) join the target, so they never crowd the cache.
+        origin, target = split_url(api_url)
         if params := req_args.get("params"):
-            api_url = f"{api_url}?{urlencode(params)}"
+            target += (b"&" if b"?" in target else b"?") + urlencode(params).encode("ascii")
         headers = [(str(k).encode("latin-1"), str(v).encode("latin-1")) for k, v in req_args["headers"].items()]
         async with asyncio.timeout(self.timeout):  # the SDK's timeout bounds the whole call, as aiohttp's did
-            response = await self.http.request(http_verb, api_url, headers, body, _WHOLE_CALL_BOUNDED)
+            response = await self.http.request(http_verb, (origin, target), headers, body, _WHOLE_CALL_BOUNDED)
             raw = await response.read(_MAX_ANSWER_BYTES)
         answer_headers = CIMultiDict((k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers)
         return {"data": _data_of(raw, answer_headers.get("Content-Type", ""), response),

@@ -143,3 +143,21 @@ async def test_unknown_method_is_a_clear_error(fake: FakeSlack, client: Client) 
     api = make_api(fake, client, SleepRecorder())
     with pytest.raises(ValueError, match="unknown Slack method"):
         await api.call("no.suchMethod")
+
+
+async def test_a_calls_query_arrives_and_its_url_is_split_once(fake: FakeSlack, client: Client) -> None:
+    """reactions.add goes with its arguments in the query: each reaches Slack, and the
+    method's URL is parsed once however many messages are reacted to."""
+    from agent.http import split_url
+
+    api = make_api(fake, client, SleepRecorder())
+    posted = await api.call("chat.postMessage", channel="C1", text="hi")
+    await api.call("reactions.add", channel="C1", timestamp=posted["ts"], name="eyes")
+    cached = split_url.cache_info().currsize
+    for n in range(5):
+        await api.call("reactions.remove", channel="C1", timestamp=posted["ts"], name=f"eyes{n - 1}" if n else "eyes")
+        await api.call("reactions.add", channel="C1", timestamp=posted["ts"], name=f"eyes{n}")
+    [first, *_] = fake.calls_to("reactions.add")
+    assert (first.args["channel"], first.args["timestamp"], first.args["name"]) == ("C1", posted["ts"], "eyes")
+    assert [c.args["name"] for c in fake.calls_to("reactions.add")][1:] == [f"eyes{n}" for n in range(5)]
+    assert split_url.cache_info().currsize <= cached + 1  # reactions.remove's URL, once
