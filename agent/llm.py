@@ -2,15 +2,16 @@
 
 The request goes out as the ``openai`` SDK would send it (``agent.llm_wire``: straight
 over ``agent.http`` with the SDK's headers, or through the SDK where only it knows the
-way); the SDK's own retries are off so that ours are bounded and visible: failures *before* the response starts
-(429, 408/409, 5xx, connection errors, and after the 200 headers an error event, a
-disconnect or a stream that ends without a finish reason while no text has gone out)
-are retried, with exponential backoff or the server's Retry-After (capped), and never
-past the call's deadline. An answer with nothing in it (empty, only reasoning, a body
-that is no event stream) gets one retry. Once text has streamed out a failure is final,
-since deltas may already have reached the chat. A call without a finish reason never
-counts as an answer, so a cut answer's text is not kept and its tool calls never run.
-Cancelling the calling task closes the HTTP response, so the server sees the client go.
+way); the SDK's own retries are off so that ours are bounded and visible: failures
+*before* the response starts (429, 408/409, 5xx, connection errors, and after the 200
+headers an error event, a disconnect or a stream that ends without a finish reason
+while no text has gone out) are retried, with exponential backoff or the server's
+Retry-After (capped), and never past the call's deadline. An answer with nothing in it
+(empty, only reasoning, a body that is no event stream) gets one retry. Once text has
+streamed out a failure is final, since deltas may already have reached the chat. A call
+without a finish reason never counts as an answer, so a cut answer's text is not kept
+and its tool calls never run. Cancelling the calling task closes the HTTP response, so
+the server sees the client go.
 
 The contract types live in ``agent.llm_types`` and are re-exported here.
 """

@@ -26,8 +26,7 @@ import contextlib
 import json
 import ssl
 import urllib.request
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Protocol
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 import anyio
 import httpx2
@@ -51,16 +50,17 @@ MAX_ERROR_BODY = 1 << 20  # an error status's body is read up to this, for its m
 BrokenStream = Callable[[], LLMError]  # the error for a stream that broke off, made by the caller
 
 
-class OpenAnswer(Protocol):
+class OpenAnswer:
     """An answer whose 2xx status and headers arrived; its body is still to be read."""
 
-    content_type: str
+    def __init__(self, content_type: str, body: AsyncIterator[bytes], close: Callable[[], Awaitable[None]]) -> None:
+        self.content_type = content_type
+        self._body = body
+        self.aclose = close
 
     def chunks(self, broken: BrokenStream) -> AsyncGenerator[bytes, None]:
         """The body's bytes; a network failure raises ``broken()``."""
-        ...
-
-    async def aclose(self) -> None: ...
+        return _chunks(self._body, broken)
 
 
 class ChatWire:
@@ -128,7 +128,7 @@ class ChatWire:
             return await self._open_through_sdk(body)
         if not 200 <= response.status < 300:
             raise await self._status_error(response)
-        return _DirectAnswer(response)
+        return OpenAnswer(_header(response, b"content-type"), aiter(response), response.aclose)
 
     async def _status_error(self, response: Response) -> LLMError:
         """The error status's ``LLMError``, its body read (as the SDK would) for the message."""
@@ -153,7 +153,7 @@ class ChatWire:
             )
         except openai.APIError as exc:
             raise sdk_error(exc, self._secret) from None
-        return _SDKAnswer(response)
+        return OpenAnswer(response.headers.get("content-type", ""), response.aiter_bytes(), response.aclose)
 
 
 def _header(response: Response, name: bytes) -> str:
@@ -161,30 +161,6 @@ def _header(response: Response, name: bytes) -> str:
         if key.lower() == name:
             return value.decode("latin-1").strip()
     return ""
-
-
-class _DirectAnswer:
-    def __init__(self, response: Response) -> None:
-        self._response = response
-        self.content_type = _header(response, b"content-type")
-
-    def chunks(self, broken: BrokenStream) -> AsyncGenerator[bytes, None]:
-        return _chunks(aiter(self._response), broken)
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
-
-
-class _SDKAnswer:
-    def __init__(self, response: httpx2.Response) -> None:
-        self._response = response
-        self.content_type = response.headers.get("content-type", "")
-
-    def chunks(self, broken: BrokenStream) -> AsyncGenerator[bytes, None]:
-        return _chunks(self._response.aiter_bytes(), broken)
-
-    async def aclose(self) -> None:
-        await self._response.aclose()
 
 
 async def _chunks(source: AsyncIterator[bytes], broken: BrokenStream) -> AsyncGenerator[bytes, None]:
