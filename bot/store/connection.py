@@ -26,7 +26,7 @@ from bot.config import RedisConfig
 from bot.store.embedded import EmbeddedValkey
 from bot.store.errors import StoreConfigError, StoreUnavailable
 from bot.store.keys import Keys
-from bot.store.pool import BoundedConnectionPool
+from bot.store.pool import BoundedConnectionPool, LeanRedis
 
 log = structlog.get_logger(__name__)
 
@@ -87,7 +87,7 @@ def create_client(url: str, **overrides: Any) -> aioredis.Redis:
     }
     options.update(overrides)
     try:
-        return aioredis.Redis.from_pool(BoundedConnectionPool.from_url(url, **options))
+        return LeanRedis.from_pool(BoundedConnectionPool.from_url(url, **options))
     except ValueError as exc:
         raise StoreConfigError(f"redis.url {redact_url(url)!r} is not valid: {exc}") from None
 

@@ -1,11 +1,13 @@
-"""The connection class and pool behind every botd client (:func:`bot.store.create_client`):
-what redis-py's asyncio client pays per command beyond the socket, cut, and a bound on
-sockets that queues instead of failing.
+"""The client, connection class and pool behind every botd client
+(:func:`bot.store.create_client`): what redis-py's asyncio client pays per command beyond
+the socket, cut, and a bound on sockets that queues instead of failing.
 
 :class:`PromptWrite` is mixed into the URL's connection class: hiredis packing, a write
 without a timer when the socket takes it at once, a buffered reply without a timer.
 :class:`BoundedConnectionPool` queues commands for a free connection, first come first
 served, and hands idle connections out and back without redis-py's lock or a task.
+:class:`LeanRedis` and its :class:`LeanPipeline` send a command or a pipeline and read
+its replies straight off the connection, with redis-py's retries and reply callbacks.
 """
 
 from __future__ import annotations
@@ -13,17 +15,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
+import time
 from collections import deque
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, cast
 
 import hiredis
 import redis.asyncio as aioredis
 from redis._parsers.hiredis import NOT_ENOUGH_DATA, _AsyncHiredisParser
+from redis.asyncio.client import CommandStackT, Pipeline
 from redis.asyncio.connection import AbstractConnection
+from redis.client import EMPTY_RESPONSE, NEVER_DECODE
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import MaxConnectionsError, ResponseError
+from redis.exceptions import ExecAbortError, MaxConnectionsError, ResponseError, WatchError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 # A command waits this long for a free connection, then fails. Longer than the socket
@@ -214,3 +220,136 @@ class BoundedConnectionPool(aioredis.ConnectionPool):
                 waiter.set_result(None)
                 self._woken += 1
                 return
+
+
+def _plain(name: Any, options: Mapping[str, Any]) -> bool:
+    """Whether a command is one the lean path sends as redis-py would: not HIMPORT (whose
+    wire form depends on the connection), without the options that change how its reply
+    is read."""
+    return (
+        type(name) is str and not name.upper().startswith("HIMPORT")
+        and NEVER_DECODE not in options and EMPTY_RESPONSE not in options
+    )
+
+
+async def _with_callback(callbacks: Any, name: Any, reply: Any, options: Mapping[str, Any]) -> Any:
+    """``reply`` through the command's response callback, as ``Redis.parse_response`` does."""
+    callback = callbacks.get(name)
+    if callback is None:
+        return reply
+    cast(dict[str, Any], options).pop("keys", None)  # for client-side caching, which botd does not use
+    reply = callback(reply, **options)
+    return await reply if inspect.isawaitable(reply) else reply
+
+
+class LeanRedis(aioredis.Redis):
+    """redis-py's client with a shorter way to a reply. Its own path runs every command
+    through two parsing layers, an HIMPORT check, and duration and error recorders that
+    do nothing unless OpenTelemetry is set up; this one packs, writes and reads on the
+    connection, applies the same reply callback, and retries as redis-py does, with the
+    same failure handling (the connection is closed, the command sent again). A command
+    this path does not cover, a pinned connection or a single-connection client goes
+    redis-py's way."""
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        return LeanPipeline(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        name = args[0]
+        if self.single_connection_client or self.connection is not None or not _plain(name, options):
+            return await super().execute_command(*args, **options)
+        pool = self.connection_pool
+        conn = await pool.get_connection()
+        start = time.monotonic()
+        try:
+            return await conn.retry.call_with_retry(
+                lambda: self._send_and_read(conn, name, args, options),
+                lambda error, failures: self._close_connection(conn, error, failures, start, name),
+                with_failure_count=True,
+            )
+        finally:
+            await pool.release(conn)
+
+    async def _send_and_read(self, conn: Any, name: str, args: Sequence[Any], options: dict[str, Any]) -> Any:
+        await conn.send_packed_command(conn.pack_command(*args))
+        return await _with_callback(self.response_callbacks, name, await conn.read_response(), options)
+
+
+class LeanPipeline(Pipeline):
+    """redis-py's pipeline, written in one piece and its replies read straight off the
+    connection: redis-py's own execute packs through a buffering packer, prepares HIMPORT
+    field sets, and reads each reply through two parsing layers. Replies, errors and their
+    annotations, callbacks, retries and the transaction's checks are redis-py's. WATCH,
+    scripts registered on the pipeline (``Script`` objects: botd queues EVAL instead) and
+    commands :func:`_plain` does not cover go redis-py's way."""
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        stack = self.command_stack
+        if (
+            not stack or self.watching or self.scripts or self.explicit_transaction
+            or self.connection is not None or not all(_plain(args[0], options) for args, options in stack)
+        ):
+            return await super().execute(raise_on_error)
+        conn = self.connection = await self.connection_pool.get_connection()
+        send = self._transaction if self.is_transaction else self._pipeline
+        operation = "MULTI" if self.is_transaction else "PIPELINE"
+        start = time.monotonic()
+        try:
+            replies: list[Any] = await conn.retry.call_with_retry(
+                lambda: send(conn, stack, raise_on_error),
+                lambda error, failures: self._disconnect_raise_on_watching(conn, error, failures, start, operation),
+                with_failure_count=True,
+            )
+            return replies
+        finally:
+            await self.reset()
+
+    @staticmethod
+    async def _write(conn: Any, commands: Iterable[Sequence[Any]]) -> None:
+        await conn.send_packed_command([part for args in commands for part in conn.pack_command(*args)])
+
+    async def _pipeline(self, conn: Any, commands: CommandStackT, raise_on_error: bool) -> list[Any]:
+        await self._write(conn, (args for args, _ in commands))
+        replies: list[Any] = []
+        for args, options in commands:
+            try:
+                replies.append(await _with_callback(self.response_callbacks, args[0], await conn.read_response(), options))
+            except ResponseError as error:
+                replies.append(error)
+        if raise_on_error:
+            self.raise_first_error(commands, replies)
+        return replies
+
+    async def _transaction(self, conn: Any, commands: CommandStackT, raise_on_error: bool) -> list[Any]:
+        await self._write(conn, [("MULTI",), *(args for args, _ in commands), ("EXEC",)])
+        errors: list[tuple[int, Exception]] = []
+        try:
+            await conn.read_response()
+        except ResponseError as refused:
+            errors.append((0, refused))
+        for i, (args, _) in enumerate(commands):  # each QUEUED, or why it was refused
+            try:
+                await conn.read_response()
+            except ResponseError as refused:
+                self.annotate_exception(refused, i + 1, args)
+                errors.append((i, refused))
+        try:
+            response = await conn.read_response()
+        except ExecAbortError as abort:
+            if errors:
+                raise errors[0][1] from abort
+            raise
+        if response is None:
+            raise WatchError("Watched variable changed.")
+        for i, queued_error in errors:
+            response.insert(i, queued_error)
+        if len(response) != len(commands):
+            await conn.disconnect()
+            raise ResponseError("Wrong number of response items from pipeline execution")
+        if raise_on_error:
+            self.raise_first_error(commands, response)
+        callbacks = self.response_callbacks
+        return [
+            reply if isinstance(reply, Exception) else await _with_callback(callbacks, args[0], reply, options)
+            for reply, (args, options) in zip(response, commands, strict=True)
+        ]
