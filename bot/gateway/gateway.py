@@ -20,7 +20,7 @@ from agent.types import RunRequest
 from bot import metrics
 from bot.config import BotdConfig
 from bot.gateway.control import Command, ControlCommands, parse_command
-from bot.gateway.inbox import Deduper, Inbox, describe
+from bot.gateway.inbox import Deduper, EnqueueResult, Inbox, describe
 from bot.gateway.reply import DeliveryLedger, notify
 from bot.gateway.run import RunExecutor
 from bot.gateway.session_run import SessionRun
@@ -91,7 +91,7 @@ class Gateway:
             command = parse_command(req.text) if req.kind == "chat" else None
             if command is not None:
                 return await self._command(command, req)
-            enqueued = await self.inbox.enqueue(req, self.cfg.queue.cap, dedupe_key=req.dedupe_key)
+            enqueued, kicked = await self._enqueue(req)
         except RedisError as exc:
             log.error("submit.store_unavailable", error=str(exc), session_key=req.session_key)
             return SubmitResult("error", "store unavailable")
@@ -107,10 +107,25 @@ class Gateway:
                 await self.cancel.request(req.session_key)
         except RedisError as exc:
             log.warning("submit.after_enqueue_failed", error=str(exc), session_key=req.session_key)
-        self.workers.kick(req.session_key)
+        if not kicked:
+            self.workers.kick(req.session_key)
         if req.kind == "chat" and self.workers.fold(req.session_key):
             log.info("submit.folded", session_key=req.session_key, run_id=req.run_id)
         return SubmitResult("queued")
+
+    async def _enqueue(self, req: RunRequest) -> tuple[EnqueueResult, bool]:
+        """Queue ``req``; when this replica can serve its session at once, also take the
+        session's lock and batch in the same round trip and start the worker on them (True).
+        Not in interrupt mode: its check for a running session must not find that lock."""
+        cap, dedupe_key = self.cfg.queue.cap, req.dedupe_key
+        lock = self.workers.claim_lock(req.session_key) if self.cfg.queue.mode != "interrupt" else None
+        if lock is None:
+            return await self.inbox.enqueue(req, cap, dedupe_key=dedupe_key), False
+        enqueued, claim = await self.inbox.enqueue_and_claim(req, cap, lock, dedupe_key=dedupe_key)
+        if claim is None:
+            return enqueued, False
+        self.workers.kick(req.session_key, (lock, claim))
+        return enqueued, True
 
     async def _command(self, command: Command, req: RunRequest) -> SubmitResult:
         """Handle a control command once per dedupe key (see ``inbox.Deduper``)."""

@@ -188,14 +188,37 @@ class Inbox:
         """Append ``req`` unless ``dedupe_key`` was seen in the last 24 h (one atomic step,
         so a failed enqueue never leaves the key behind to swallow the platform's retry).
         When the inbox passes ``cap`` the oldest entries are dropped and returned."""
+        keys, args = self._enqueue_call(req, cap, dedupe_key)
+        return _enqueued(await self._enqueue(keys=keys, args=args))
+
+    async def enqueue_and_claim(
+        self, req: RunRequest, cap: int, lock: Lease, *, dedupe_key: str | None = None
+    ) -> tuple[EnqueueResult, Claim | None]:
+        """:meth:`enqueue`, and in the same round trip :meth:`lock_and_claim` right after
+        it: a message for an idle session reaches its worker with its batch in hand. The
+        claim is None when another worker holds the lock (the message then waits for it as
+        :meth:`enqueue` leaves it). With the lock taken, the claim is the worker's to run
+        or finish even when the message was a duplicate (it may hold earlier ones)."""
+        keys, args = self._enqueue_call(req, cap, dedupe_key)
+        claim_keys = [self._inbox(req.session_key), self._running(req.session_key), lock.key]
+
+        def queue(pipe: Pipeline, token: str) -> None:
+            queue_script(pipe, self._enqueue, keys, args)
+            queue_script(pipe, self._claim, claim_keys, [_KEEP_MS, token])
+
+        taken, (enqueued, claimed) = await lock.acquire_with(queue)
+        if taken and claimed is None:  # the lock was gone again before the claim: not ours to keep
+            await lock.release()
+            taken = False
+        return _enqueued(enqueued), _claim_of(claimed) if taken else None
+
+    def _enqueue_call(self, req: RunRequest, cap: int, dedupe_key: str | None) -> tuple[list[str], list[Any]]:
+        """The enqueue script's keys and arguments."""
         dedupe = self._keys.dedupe(dedupe_key) if dedupe_key else ""
-        raw = await self._enqueue(
-            keys=[self._inbox(req.session_key), self._running(req.session_key), self._pending, dedupe],
-            args=[req.model_dump_json(), cap, time.time(), req.session_key, _KEEP_MS, int(DEDUPE_TTL_S)],
+        return (
+            [self._inbox(req.session_key), self._running(req.session_key), self._pending, dedupe],
+            [req.model_dump_json(), cap, time.time(), req.session_key, _KEEP_MS, int(DEDUPE_TTL_S)],
         )
-        if raw is None:
-            return EnqueueResult(dropped=[], duplicate=True)
-        return EnqueueResult(dropped=[RunRequest.model_validate_json(item) for item in raw])
 
     async def take(self, session_key: str) -> list[RunRequest]:
         """Move everything waiting into the running list and return it (oldest first)."""
@@ -287,6 +310,13 @@ class Inbox:
         pipe.zcard(self._pending)
         keys, depth = await pipe.execute()
         return [str(k) for k in keys], int(depth)
+
+
+def _enqueued(raw: Sequence[str | bytes] | None) -> EnqueueResult:
+    """The enqueue script's reply: nil for a duplicate, else what the cap pushed out."""
+    if raw is None:
+        return EnqueueResult(dropped=[], duplicate=True)
+    return EnqueueResult(dropped=[RunRequest.model_validate_json(item) for item in raw])
 
 
 def taken(raw: Sequence[str | bytes] | None) -> list[RunRequest]:

@@ -117,19 +117,31 @@ class Workers:
 
     # ---- serving a session -------------------------------------------------------------
 
-    def kick(self, session_key: str) -> None:
-        """Serve ``session_key`` unless this replica already does (or is closing)."""
+    def claim_lock(self, session_key: str) -> SessionLock | None:
+        """The session's lock, for a submitter to take together with its message
+        (``Inbox.enqueue_and_claim``) when this replica would serve the session at once: no
+        worker of the session here and a run slot free. None otherwise: the message is
+        queued, and kicked or folded as usual."""
+        if self._closing or session_key in self.tasks or self._slots.locked():
+            return None
+        return self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
+
+    def kick(self, session_key: str, claimed: tuple[SessionLock, Claim] | None = None) -> None:
+        """Serve ``session_key`` unless this replica already does (or is closing). With
+        ``claimed`` (a lock from :meth:`claim_lock`, taken, and its batch) a worker starts
+        on it in any case: holding the lock, no other can be serving the session."""
         self._kicks += 1
         if self._quiet:
             self._quiet = False
             self._kicked.set()
-        if self._closing:
-            return
-        if session_key in self.tasks:
-            # Its worker may be past its last look at the inbox: it serves the session again.
-            self._rekick.add(session_key)
-            return
-        task = asyncio.create_task(self._serve(session_key), name=f"session:{session_key}")
+        if claimed is None:
+            if self._closing:
+                return
+            if session_key in self.tasks:
+                # Its worker may be past its last look at the inbox: it serves the session again.
+                self._rekick.add(session_key)
+                return
+        task = asyncio.create_task(self._serve(session_key, claimed), name=f"session:{session_key}")
         self.tasks[session_key] = task
         task.add_done_callback(lambda done: self._forget(session_key, done))
 
@@ -138,17 +150,21 @@ class Workers:
         if self.tasks.get(session_key) is task:
             del self.tasks[session_key]
 
-    async def _serve(self, session_key: str) -> None:
+    async def _serve(self, session_key: str, claimed: tuple[SessionLock, Claim] | None = None) -> None:
         held = False
         waiting = False
         try:
             async with self._slots:
-                if self._closing:  # stopping while this worker waited for a slot: take nothing
-                    return
-                lock = self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
-                claim = await self._inbox.lock_and_claim(session_key, lock)
-                if claim is None:
-                    return
+                if claimed is not None:  # taken at intake; when closing, _drain leaves it for a resume
+                    lock, claim = claimed
+                else:
+                    if self._closing:  # stopping while this worker waited for a slot: take nothing
+                        return
+                    lock = self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
+                    found = await self._inbox.lock_and_claim(session_key, lock)
+                    if found is None:
+                        return
+                    claim = found
                 held = True
                 try:
                     await self._drain(session_key, lock, claim)
@@ -167,6 +183,8 @@ class Workers:
             return
         finally:
             self._forget(session_key, asyncio.current_task())
+        if session_key in self.tasks:  # a worker that started on an intake's claim meanwhile
+            return
         rekick = session_key in self._rekick
         self._rekick.discard(session_key)
         if held and not self._closing and (waiting or rekick):

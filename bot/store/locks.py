@@ -129,6 +129,12 @@ class Lease:
         adds to a pipeline for the new token: the replies of those commands, or None when
         the lease is held elsewhere. They run either way, so each must check that the key
         holds the token (a script reading ``self.key``) before it changes anything."""
+        taken, replies = await self.acquire_with(queue)
+        return replies if taken else None
+
+    async def acquire_with(self, queue: Callable[[Pipeline, str], None]) -> tuple[bool, list[Any]]:
+        """:meth:`acquire_then`, with the replies also when the lease is held elsewhere
+        (for commands queued with it that do not depend on it)."""
         if self._held:
             raise RuntimeError(f"lease {self.key} is already held by this object")
         token = self._new_token()
@@ -137,10 +143,9 @@ class Lease:
         queue(pipe, token)
         sent = time.monotonic()
         taken, *replies = await pipe.execute()
-        if not taken:
-            return None
-        self._hold(token, sent)
-        return replies
+        if taken:
+            self._hold(token, sent)
+        return bool(taken), replies
 
     def _new_token(self) -> str:
         return f"{self._owner}:{uuid.uuid4().hex}"

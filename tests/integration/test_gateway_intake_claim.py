@@ -1,0 +1,149 @@
+"""A message for a session nobody serves is queued, its session's lock taken and its batch
+claimed in one round trip (``Inbox.enqueue_and_claim``), and its worker starts on that
+claim; against the fake OpenAI server and a real Redis.
+
+Whatever the claim cannot be taken for (the lock held elsewhere, every run slot busy,
+interrupt mode) falls back to the queue, which the lock's holder or the next free slot
+serves, so no message waits for a sweep or is run twice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from bot.store.locks import Lease
+from bot.store.owned import ACQUIRE
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.fakes.store_requests import StoreRequests
+from tests.integration.gateway_harness import Bot, Gate, chat_request, dm_session, roles, running_daemon, wait_until
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+async def test_a_lone_message_is_queued_and_claimed_in_one_round_trip(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.script(Reply.text("hello back"))
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        requests = StoreRequests(monkeypatch)
+        assert (await bot.send("hello")).status == "queued"
+        await bot.wait_idle()
+        session = dm_session()
+        lock = bot.keys.lock(session)
+        # The lock taken, the message queued, the batch claimed: one request.
+        intake = requests.touching(bot.keys.inbox(session))[0]
+        assert lock.encode() in intake and b"hello" in intake
+        assert requests.commands(bot.keys.inbox(session))[0] == "EVAL+EVAL+EVAL"
+        # The lock is taken there and nowhere else (the worker does not try again).
+        assert [r for r in requests.sent if ACQUIRE.encode() in r] == [intake]
+        assert bot.channel.texts("part") == ["hello back"]
+        assert roles(await bot.history()) == ["user", "assistant"]
+
+
+async def test_a_session_locked_elsewhere_keeps_its_message_for_the_holder(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    fake.script(Reply.text("answered after the other holder"))
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        other = Lease(bot.redis, bot.keys.lock(dm_session()), ttl_s=30, owner="other-replica", auto_renew=False)
+        assert await other.acquire(wait=False)
+        assert (await bot.send("waiting for the lock")).status == "queued"
+        await asyncio.sleep(0.3)
+        assert await bot.queued() == (1, 0)  # queued, not claimed, not run
+        assert fake.requests == []
+        await other.release()
+        bot.gateway.kick(dm_session())  # what the holder's finish would do (or a sweep)
+        await bot.wait_idle()
+        assert bot.channel.texts("part") == ["answered after the other holder"]
+        assert len(fake.requests) == 1
+
+
+async def test_a_duplicate_hands_its_taken_lock_back(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    fake.script(Reply.text("once"))
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        assert (await bot.send("hello", dedupe_key="update:7")).status == "queued"
+        await bot.wait_idle()
+        # The redelivery takes the free lock with its (refused) message: the worker started
+        # on that claim finds nothing to run and lets the lock go.
+        assert (await bot.send("hello", dedupe_key="update:7")).status == "duplicate"
+        await bot.wait_idle()
+        assert bot.channel.texts("part") == ["once"]
+        assert len(fake.requests) == 1
+        assert not await bot.redis.exists(bot.keys.lock(dm_session()))
+
+
+async def test_with_every_run_slot_busy_a_message_is_only_queued(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate(Reply.text("first"), Reply.text("second"))
+    fake.responder = gate
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix, gateway={"max_concurrent_runs": 1}) as bot:
+        await bot.send("one", chat_id="1")
+        await gate.wait_waiting()
+        requests = StoreRequests(monkeypatch)
+        await bot.send("two", chat_id="2")
+        queued = requests.touching(bot.keys.inbox(dm_session("2")))
+        assert len(queued) == 1 and bot.keys.lock(dm_session("2")).encode() not in queued[0]
+        assert await bot.queued("2") == (1, 0)
+        gate.release(2)
+        await bot.wait_idle("1")
+        await bot.wait_idle("2")
+        assert sorted(bot.channel.texts("part")) == ["first", "second"]
+
+
+async def test_interrupt_mode_queues_without_taking_the_lock(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake.script(Reply.text("not interrupted by itself"))
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"mode": "interrupt"}) as bot:
+        requests = StoreRequests(monkeypatch)
+        await bot.send("hello")
+        await bot.wait_idle()
+        intake = requests.touching(bot.keys.inbox(dm_session()))[0]
+        assert bot.keys.lock(dm_session()).encode() not in intake
+        assert bot.channel.texts("part") == ["not interrupted by itself"]
+
+
+async def test_messages_in_a_row_are_served_by_the_worker_of_the_first(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    gate = Gate(Reply.text("to the first"), Reply.text("to the rest"))
+    fake.responder = gate
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix, queue={"mode": "followup"}) as bot:
+        await bot.send("first")
+        await gate.wait_waiting()
+        # The session has its worker here: these are queued for it, not claimed anew.
+        await bot.send("second")
+        await bot.send("third")
+        assert len(bot.gateway.workers.tasks) == 1
+        gate.release(2)
+        await bot.wait_idle()
+        await wait_until(lambda: len(bot.channel.texts("part")) == 2, what="both answers")
+        assert bot.channel.texts("part") == ["to the first", "to the rest"]
+        assert len(fake.requests) == 2
+
+
+async def test_a_claim_handed_over_while_closing_is_left_for_a_resume(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        session = dm_session()
+        lock = bot.gateway.workers.claim_lock(session)
+        assert lock is not None
+        enqueued, claim = await bot.gateway.inbox.enqueue_and_claim(chat_request("late"), 20, lock)
+        assert claim is not None and [r.text for r in claim.batch] == ["late"] and not enqueued.duplicate
+        bot.gateway.workers._closing = True
+        bot.gateway.workers.kick(session, (lock, claim))
+        await wait_until(lambda: session not in bot.gateway.workers.tasks, what="the worker to let go")
+        assert not await bot.redis.exists(bot.keys.lock(session))  # released, not kept renewing
+        assert await bot.queued() == (0, 1)  # still running: the next holder resumes it
+        assert fake.requests == []
