@@ -121,7 +121,10 @@ class Gateway:
         lock = self.workers.claim_lock(req.session_key) if self.cfg.queue.mode != "interrupt" else None
         if lock is None:
             return await self.inbox.enqueue(req, cap, dedupe_key=dedupe_key), False
-        enqueued, claim = await self.inbox.enqueue_and_claim(req, cap, lock, dedupe_key=dedupe_key)
+        try:
+            enqueued, claim = await self.inbox.enqueue_and_claim(req, cap, lock, dedupe_key=dedupe_key)
+        finally:
+            self.workers.claim_returned()
         if claim is None:
             return enqueued, False
         self.workers.kick(req.session_key, (lock, claim))

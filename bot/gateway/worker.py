@@ -78,6 +78,7 @@ class Workers:
         self.tasks: dict[str, asyncio.Task[None]] = {}  # the worker serving each session here
         self.active: dict[str, SessionRun] = {}
         self._rekick: set[str] = set()  # kicked while its worker was already running
+        self._reserved = 0  # locks handed to submitters (claim_lock) whose claim has not come back
         self._slots = asyncio.Semaphore(cfg.gateway.max_concurrent_runs)
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
@@ -120,11 +121,23 @@ class Workers:
     def claim_lock(self, session_key: str) -> SessionLock | None:
         """The session's lock, for a submitter to take together with its message
         (``Inbox.enqueue_and_claim``) when this replica would serve the session at once: no
-        worker of the session here and a run slot free. None otherwise: the message is
-        queued, and kicked or folded as usual."""
-        if self._closing or session_key in self.tasks or self._slots.locked():
+        worker of the session here, and a run slot for it even if every worker here and
+        every lock handed out before held one. None otherwise: the message is queued, and
+        kicked or folded as usual, so a burst beyond the slots takes no lock it would hold
+        waiting (another replica may be free to serve it). Each lock handed out counts
+        until :meth:`claim_returned`."""
+        if (
+            self._closing or session_key in self.tasks
+            or len(self.tasks) + self._reserved >= self.cfg.gateway.max_concurrent_runs
+        ):
             return None
+        self._reserved += 1
         return self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
+
+    def claim_returned(self) -> None:
+        """A submitter's try with a :meth:`claim_lock` lock is over (its claim, if any, is
+        about to be kicked: its worker then counts among the tasks)."""
+        self._reserved -= 1
 
     def kick(self, session_key: str, claimed: tuple[SessionLock, Claim] | None = None) -> None:
         """Serve ``session_key`` unless this replica already does (or is closing). With

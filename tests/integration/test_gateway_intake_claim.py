@@ -18,7 +18,14 @@ from bot.store.locks import Lease
 from bot.store.owned import ACQUIRE
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.store_requests import StoreRequests
-from tests.integration.gateway_harness import Bot, Gate, chat_request, dm_session, roles, running_daemon, wait_until
+from tests.integration.gateway_harness import (
+    Gate,
+    chat_request,
+    dm_session,
+    roles,
+    running_daemon,
+    wait_until,
+)
 
 
 @pytest.fixture
@@ -98,6 +105,26 @@ async def test_with_every_run_slot_busy_a_message_is_only_queued(
         await bot.wait_idle("1")
         await bot.wait_idle("2")
         assert sorted(bot.channel.texts("part")) == ["first", "second"]
+
+
+async def test_a_burst_beyond_the_run_slots_takes_no_lock_it_would_wait_with(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = Gate()
+    fake.responder = gate
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix, gateway={"max_concurrent_runs": 2}) as bot:
+        requests = StoreRequests(monkeypatch)
+        chats = [str(n) for n in range(1, 7)]
+        results = await asyncio.gather(*(bot.send(f"hello from {chat}", chat_id=chat) for chat in chats))
+        assert {r.status for r in results} == {"queued"}
+        # Sent at once, before any worker started: only as many took their lock as there are slots.
+        assert len([r for r in requests.sent if ACQUIRE.encode() in r]) == 2
+        await gate.wait_waiting(2)
+        gate.release(len(chats))
+        for chat in chats:
+            await bot.wait_idle(chat)
+        assert sorted(bot.channel.texts("part")) == sorted(f"hello from {chat}" for chat in chats)
+        assert bot.gateway.workers._reserved == 0
 
 
 async def test_interrupt_mode_queues_without_taking_the_lock(
