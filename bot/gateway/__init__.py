@@ -2,7 +2,8 @@
 
 Modules, in the order a message meets them (DESIGN.md §2):
 
-- ``gateway.py``   ``Gateway.submit()``: intake, dedupe, control commands, enqueue.
+- ``gateway.py``   ``Gateway.submit()``: intake, dedupe, control commands, enqueue (for an
+                   idle session, its lock and batch taken in the same round trip).
 - ``control.py``   control commands (/stop, /new, /status, /compact, /model, /usage, …):
                    parsed and answered at once (/compact in the background).
 - ``inbox.py``     the per-session inboxes in Redis (waiting → running → finished) and
