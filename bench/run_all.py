@@ -183,6 +183,14 @@ def _llm_request(r: dict[str, Any]) -> str:
                      for name, row in rows.items())
 
 
+def _store_client(r: dict[str, Any]) -> str:
+    rows = r["results"]
+    own, theirs = "botd's client", "redis-py's path"
+    ops = dict.fromkeys(name.split(", ")[0] for name in rows)
+    return "; ".join(f"{op} {_fmt(rows[op + ', ' + own]['us_per_call'], 0)} µs "
+                     f"({theirs} {_fmt(rows[op + ', ' + theirs]['us_per_call'], 0)})" for op in ops)
+
+
 def _floor(r: dict[str, Any]) -> str:
     *steps, (_, whole) = r["results"].items()
     return (f"a message's library calls alone {_fmt(whole['total_cpu_ms'])} ms of CPU (steps apart "
@@ -270,6 +278,7 @@ SUMMARIZERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "text_throughput": _text_throughput,
     "store_ops": _store_ops,
     "llm_request": _llm_request,
+    "store_client": _store_client,
     "floor": _floor,
     "gateway": _gateway,
     "slack": _slack,
