@@ -131,8 +131,9 @@ class Workers:
             or len(self.tasks) + self._reserved >= self.cfg.gateway.max_concurrent_runs
         ):
             return None
+        lock = self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
         self._reserved += 1
-        return self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
+        return lock
 
     def claim_returned(self) -> None:
         """A submitter's try with a :meth:`claim_lock` lock is over (its claim, if any, is
