@@ -13,10 +13,11 @@ import json
 import math
 import os
 import platform
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -270,6 +271,25 @@ async def sdk_post_unread(client: Any, body: bytes) -> None:
     async for _ in response.aiter_bytes():
         pass
     await response.aclose()
+
+
+async def cpu_per_call(
+    rows: Mapping[str, Callable[[], Awaitable[Any]]], *, calls: int, rounds: int, warmup: int, key: str
+) -> dict[str, dict[str, Any]]:
+    """CPU µs of this process per call of each row (``key``: the median of the rounds, and
+    ``rounds``). Rows alternate within every round, so the machine's drift falls on all of
+    them alike; each is warmed up with ``warmup`` calls before it is timed."""
+    samples: dict[str, list[float]] = {name: [] for name in rows}
+    for _ in range(rounds):
+        for name, call in rows.items():
+            for _ in range(warmup):
+                await call()
+            start = time.process_time()
+            for _ in range(calls):
+                await call()
+            samples[name].append((time.process_time() - start) / calls * 1e6)
+    return {name: {key: round(statistics.median(v), 1), "rounds": [round(x, 1) for x in v]}
+            for name, v in samples.items()}
 
 
 @contextlib.contextmanager

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -36,7 +34,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent.http import HTTPClient
 from agent.llm import LLMClient
 from agent.types import Message
-from bench.common import ROOT, fake_llm_subprocess, report_header, sdk_post_unread, table, write_json
+from bench.common import (
+    ROOT,
+    cpu_per_call,
+    fake_llm_subprocess,
+    report_header,
+    sdk_post_unread,
+    table,
+    write_json,
+)
 
 OUTPUT = ROOT / "bench" / "llm_request.json"
 PROMPT = "Tell me something about the sea."
@@ -73,20 +79,11 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             "LLMClient.complete": botd, "LLMClient.complete, through the SDK": botd_sdk,
             "SDK post, body unread": sdk_raw, "agent.http, body unread": straight_raw,
         }
-        samples: dict[str, list[float]] = {name: [] for name in rows}
-        for _ in range(args.rounds):
-            for name, call in rows.items():
-                for _ in range(30):
-                    await call()
-                start = time.process_time()
-                for _ in range(args.requests):
-                    await call()
-                samples[name].append((time.process_time() - start) / args.requests * 1e6)
+        results = await cpu_per_call(rows, calls=args.requests, rounds=args.rounds, warmup=30, key="us_per_request")
         await client.aclose()
         await through_sdk.aclose()
         await http.aclose()
-    return {name: {"us_per_request": round(statistics.median(v), 1), "rounds": [round(x, 1) for x in v]}
-            for name, v in samples.items()}
+    return results
 
 
 def main() -> None:

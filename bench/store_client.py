@@ -18,9 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -29,13 +27,14 @@ import redis.asyncio as aioredis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import ROOT, report_header, table, temp_workspace, write_json
+from bench.common import ROOT, cpu_per_call, report_header, table, temp_workspace, write_json
 from bot.config import RedisConfig
 from bot.store import open_redis
 from bot.store.pool import BoundedConnectionPool
 
 OUTPUT = ROOT / "bench" / "store_client.json"
 VALUE = "x" * 300
+OPERATIONS = ("GET", "pipeline of 3", "transaction of 6")
 
 
 def calls(client: aioredis.Redis) -> dict[str, Callable[[], Awaitable[Any]]]:
@@ -59,7 +58,7 @@ def calls(client: aioredis.Redis) -> dict[str, Callable[[], Awaitable[Any]]]:
         pipe.expire("bench:a", 100)
         return await pipe.execute()
 
-    return {"GET": get, "pipeline of 3": pipeline, "transaction of 6": transaction}
+    return dict(zip(OPERATIONS, (get, pipeline, transaction), strict=True))
 
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
@@ -73,22 +72,12 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
             clients = {"botd's client": calls(handle.client), "redis-py's path": calls(plain)}
             for own, other in zip(clients["botd's client"].values(), clients["redis-py's path"].values(), strict=True):
                 assert await own() == await other(), "both clients must read the same replies"
-            samples: dict[tuple[str, str], list[float]] = {}
-            for _ in range(args.rounds):
-                for op in ("GET", "pipeline of 3", "transaction of 6"):
-                    for who, ops in clients.items():
-                        call = ops[op]
-                        for _ in range(50):
-                            await call()
-                        start = time.process_time()
-                        for _ in range(args.calls):
-                            await call()
-                        samples.setdefault((op, who), []).append((time.process_time() - start) / args.calls * 1e6)
+            rows = {f"{op}, {who}": ops[op] for op in OPERATIONS for who, ops in clients.items()}
+            results = await cpu_per_call(rows, calls=args.calls, rounds=args.rounds, warmup=50, key="us_per_call")
         finally:
             await plain.aclose()
             await handle.close()
-    return {f"{op}, {who}": {"us_per_call": round(statistics.median(v), 1), "rounds": [round(x, 1) for x in v]}
-            for (op, who), v in samples.items()}
+    return results
 
 
 def main() -> None:
