@@ -200,11 +200,10 @@ class Inbox:
         :meth:`enqueue` leaves it). With the lock taken, the claim is the worker's to run
         or finish even when the message was a duplicate (it may hold earlier ones)."""
         keys, args = self._enqueue_call(req, cap, dedupe_key)
-        claim_keys = [self._inbox(req.session_key), self._running(req.session_key), lock.key]
 
         def queue(pipe: Pipeline, token: str) -> None:
             queue_script(pipe, self._enqueue, keys, args)
-            queue_script(pipe, self._claim, claim_keys, [_KEEP_MS, token])
+            self._queue_claim(pipe, req.session_key, lock, token)
 
         taken, (enqueued, claimed) = await lock.acquire_with(queue)
         if taken and claimed is None:  # the lock was gone again before the claim: not ours to keep
@@ -232,9 +231,13 @@ class Inbox:
     async def lock_and_claim(self, session_key: str, lock: Lease) -> Claim | None:
         """Take the session's ``lock`` (without waiting) and :meth:`claim`, in one round
         trip; None when another worker holds the lock."""
-        keys = [self._inbox(session_key), self._running(session_key), lock.key]
-        replies = await lock.acquire_then(lambda pipe, token: queue_script(pipe, self._claim, keys, [_KEEP_MS, token]))
+        replies = await lock.acquire_then(lambda pipe, token: self._queue_claim(pipe, session_key, lock, token))
         return None if replies is None else _claim_of(replies[0])
+
+    def _queue_claim(self, pipe: Pipeline, session_key: str, lock: Lease, token: str) -> None:
+        """:meth:`claim` queued on ``pipe``, only while ``lock`` holds ``token``."""
+        queue_script(pipe, self._claim, [self._inbox(session_key), self._running(session_key), lock.key],
+                     [_KEEP_MS, token])
 
     async def take_reading(self, session_key: str, other_key: str) -> tuple[list[RunRequest], str | bytes | None]:
         """``take``, and the value of ``other_key`` read in the same round trip."""

@@ -131,9 +131,13 @@ class Workers:
             or len(self.tasks) + self._reserved >= self.cfg.gateway.max_concurrent_runs
         ):
             return None
-        lock = self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
+        lock = self._new_lock(session_key)
         self._reserved += 1
         return lock
+
+    def _new_lock(self, session_key: str) -> SessionLock:
+        """The session's lock, whose loss cancels the session's run here."""
+        return self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
 
     def claim_returned(self) -> None:
         """A submitter's try with a :meth:`claim_lock` lock is over (its claim, if any, is
@@ -174,7 +178,7 @@ class Workers:
                 else:
                     if self._closing:  # stopping while this worker waited for a slot: take nothing
                         return
-                    lock = self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
+                    lock = self._new_lock(session_key)
                     found = await self._inbox.lock_and_claim(session_key, lock)
                     if found is None:
                         return
