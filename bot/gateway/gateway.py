@@ -121,14 +121,14 @@ class Gateway:
         lock = self.workers.claim_lock(req.session_key) if self.cfg.queue.mode != "interrupt" else None
         if lock is None:
             return await self.inbox.enqueue(req, cap, dedupe_key=dedupe_key), False
+        claim = None
         try:
-            enqueued, claim = await self.inbox.enqueue_and_claim(req, cap, lock, dedupe_key=dedupe_key)
+            enqueued, claim = await self.inbox.enqueue_and_claim(
+                req, cap, lock, dedupe_key=dedupe_key, ahead=self.workers.read_ahead(req.session_key, lock)
+            )
         finally:
-            self.workers.claim_returned()
-        if claim is None:
-            return enqueued, False
-        self.workers.kick(req.session_key, (lock, claim))
-        return enqueued, True
+            self.workers.claim_returned(req.session_key, lock, claim)
+        return enqueued, claim is not None
 
     async def _command(self, command: Command, req: RunRequest) -> SubmitResult:
         """Handle a control command once per dedupe key (see ``inbox.Deduper``)."""
@@ -218,6 +218,4 @@ class Gateway:
         self._cancel_if_started_before(str(data["session"]), float(data["at"]))
 
     def _cancel_if_started_before(self, session_key: str, at: float) -> None:
-        run = self.workers.active.get(session_key)
-        if run is not None:
-            run.cancel_if_started_before(at, "stopped")
+        self.workers.stop(session_key, at)

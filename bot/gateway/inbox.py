@@ -20,7 +20,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -161,6 +161,12 @@ class Claim:
     batch: list[RunRequest]
     resumed: bool  # left running by a holder that never finished it
     server_time: float  # Redis' clock at the claim
+    ahead: Any = None  # what reads queued with the claim found (``enqueue_and_claim``)
+
+
+# Reads to queue on the claim's pipeline for the lock's new token; the reader it returns
+# is handed their replies.
+ReadAhead = Callable[[Pipeline, str], Callable[[list[Any]], Any]]
 
 
 class Inbox:
@@ -192,24 +198,36 @@ class Inbox:
         return _enqueued(await self._enqueue(keys=keys, args=args))
 
     async def enqueue_and_claim(
-        self, req: RunRequest, cap: int, lock: Lease, *, dedupe_key: str | None = None
+        self, req: RunRequest, cap: int, lock: Lease, *, dedupe_key: str | None = None,
+        ahead: ReadAhead | None = None,
     ) -> tuple[EnqueueResult, Claim | None]:
         """:meth:`enqueue`, and in the same round trip :meth:`lock_and_claim` right after
         it: a message for an idle session reaches its worker with its batch in hand. The
         claim is None when another worker holds the lock (the message then waits for it as
         :meth:`enqueue` leaves it). With the lock taken, the claim is the worker's to run
-        or finish even when the message was a duplicate (it may hold earlier ones)."""
+        or finish even when the message was a duplicate (it may hold earlier ones).
+        ``ahead`` queues reads after the claim, for the new token; what its reader makes
+        of their replies is the claim's ``ahead``."""
         keys, args = self._enqueue_call(req, cap, dedupe_key)
+        read: Callable[[list[Any]], Any] | None = None
 
         def queue(pipe: Pipeline, token: str) -> None:
+            nonlocal read
             queue_script(pipe, self._enqueue, keys, args)
             self._queue_claim(pipe, req.session_key, lock, token)
+            if ahead is not None:
+                read = ahead(pipe, token)
 
-        taken, (enqueued, claimed) = await lock.acquire_with(queue)
+        taken, (enqueued, claimed, *more) = await lock.acquire_with(queue)
         if taken and claimed is None:  # the lock was gone again before the claim: not ours to keep
             await lock.release()
             taken = False
-        return _enqueued(enqueued), _claim_of(claimed) if taken else None
+        if not taken:
+            return _enqueued(enqueued), None
+        claim = _claim_of(claimed)
+        if read is not None:
+            claim.ahead = read(more)
+        return _enqueued(enqueued), claim
 
     def _enqueue_call(self, req: RunRequest, cap: int, dedupe_key: str | None) -> tuple[list[str], list[Any]]:
         """The enqueue script's keys and arguments."""

@@ -165,16 +165,19 @@ class RunExecutor:
         if saved is not None:
             control.output_started()
             return await self._resume_saved(turn, saved)
+        loaded = control.start_context()  # read with the batch's claim, when it was
         if turn.first.meta.get("fresh_session") == "1":
             await self.deps.sessions.reset(turn.session_key)
+            loaded = None
         user_messages = await self._guarded(turn.batch, turn.channel, turn.target)
         if not user_messages:
             return RunOutcome(turn.run_id, "blocked", "none", "blocked by the input guard")
-        # One read for the run's start: history, summary, the session's model and usage, and
-        # the first steer's stop check and take (the run is registered by now, so a stop
-        # after this read cancels it directly).
-        loaded, ahead = await self.deps.sessions.context_with(turn.session_key, control.queue_steer)
-        control.steer_ahead(ahead)
+        if loaded is None:
+            # One read for the run's start: history, summary, the session's model and usage,
+            # and the first steer's stop check and take (the run is registered by now, so a
+            # stop after this read cancels it directly).
+            loaded, ahead = await self.deps.sessions.context_with(turn.session_key, control.queue_steer)
+            control.steer_ahead(ahead)
         profile = self.deps.catalog.profile(loaded.model) or self.deps.catalog.default
         turn.context = RunContext(
             self.deps.sessions, self.deps.compactor, turn.session_key, profile, self.deps.cfg.agent.history_turns,

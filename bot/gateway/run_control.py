@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
 from agent.types import DeliveryStatus, RunRequest, RunStatus
 from bot.store.owned import RideAlong
+from bot.store.sessions import SessionContext
 
 if TYPE_CHECKING:
     from redis.asyncio.client import Pipeline
@@ -35,6 +36,11 @@ class RunControl(Protocol):
     def queue_steer(self, pipe: Pipeline) -> None: ...
     def steer_ahead(self, replies: list[Any]) -> None: ...
 
+    def start_context(self) -> SessionContext | None:
+        """The session's context, when it was read with the claim of the batch (then the
+        first steer's stop check was too): the run's first read of the store is done."""
+        ...
+
     def acknowledge(self) -> str | None:
         """The run handles its cancellation: stop re-cancelling; returns the reason."""
         ...
@@ -42,6 +48,15 @@ class RunControl(Protocol):
     def output_started(self) -> None:
         """Before anything is shown (text, a tool call, the answer); raises when cancelled."""
         ...
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """A run's first reads, done in the round trip that claimed its batch."""
+
+    context: SessionContext
+    stop: str | bytes | None  # the session's stop key, as read with the claim
+    read_at: float  # time.monotonic() when the reply came
 
 
 @dataclass

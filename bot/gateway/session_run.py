@@ -6,6 +6,7 @@ or fold it."""
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from typing import Any
 
@@ -15,10 +16,16 @@ from redis.asyncio.client import Pipeline
 from agent.tasks import keep_cancelling
 from agent.types import RunRequest
 from bot.gateway.inbox import Inbox, taken
-from bot.gateway.run_control import FOLD
+from bot.gateway.run_control import FOLD, RunStart
 from bot.gateway.signals import CancelSignals, stopped_since_value
+from bot.store.sessions import SessionContext
 
 log = structlog.get_logger(__name__)
+
+# A run started on reads done with the claim of its batch (``RunStart``) has no take with
+# its first steer: the claim took everything waiting. That stands for this long after the
+# claim; a first steer later than that (a slow start: compaction) takes what came since.
+CLAIM_COVERS_TAKE_S = 0.1
 
 
 class SessionRun:
@@ -37,6 +44,7 @@ class SessionRun:
         steer_mode: bool,
         fold_window_s: float = 0.0,
         resumed: bool = False,
+        start: RunStart | None = None,
     ) -> None:
         self.task = task
         self.resumed = resumed  # a batch a previous attempt left: it may have a saved result
@@ -54,6 +62,11 @@ class SessionRun:
         self._fold_until = time.monotonic() + fold_window_s
         self._output_started = False
         self._ahead: list[Any] | None = None  # the first steer's reads, done ahead (steer_ahead)
+        self._ahead_until = math.inf  # in steer mode, the first steer's take stands till then
+        self._start_context = None if start is None else start.context
+        if start is not None:  # its stop check was read with the claim, which took all waiting
+            self._ahead = [start.stop, None]
+            self._ahead_until = start.read_at + CLAIM_COVERS_TAKE_S
 
     def cancel(self, reason: str) -> None:
         """Cancel the run (the first reason wins) and keep cancelling until it notices."""
@@ -108,13 +121,19 @@ class SessionRun:
             self._inbox.queue_take(pipe, self.session_key)
 
     def steer_ahead(self, replies: list[Any]) -> None:
-        self._ahead = replies
+        self._ahead, self._ahead_until = replies, math.inf
+
+    def start_context(self) -> SessionContext | None:
+        context, self._start_context = self._start_context, None
+        return context
 
     async def steer(self) -> list[RunRequest]:
         """Called before every LLM call: notice a missed /stop, hand over steered messages."""
         requests: list[RunRequest] = []
         ahead, self._ahead = self._ahead, None
-        if ahead is not None:  # read with the run's context, after the run was registered
+        if ahead is not None and self._steer_mode and time.monotonic() > self._ahead_until:
+            ahead = None  # claimed too long ago to stand for a take: take what came since below
+        if ahead is not None:  # read with the run's context (or its claim)
             stopped = stopped_since_value(ahead[0], self.started_at)
             requests = taken(ahead[1]) if self._steer_mode else []
         elif self._steer_mode:  # the stop check and the take in one round trip

@@ -13,21 +13,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import redis.asyncio as aioredis
 import structlog
+from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from agent.tasks import stop_task, uncancel_current
 from agent.types import RunRequest
 from bot import metrics
 from bot.config import BotdConfig
-from bot.gateway.inbox import Claim, Inbox
+from bot.gateway.inbox import Claim, Inbox, ReadAhead
 from bot.gateway.reply import DeliveryLedger, notify
 from bot.gateway.run import RunExecutor
-from bot.gateway.run_control import FOLD, RETRY_REASONS, RunOutcome
+from bot.gateway.run_control import FOLD, RETRY_REASONS, RunOutcome, RunStart
 from bot.gateway.session_run import SessionRun
 from bot.gateway.signals import CancelSignals, OutcomeBoard, server_time
 from bot.store.keys import Keys
@@ -79,6 +81,8 @@ class Workers:
         self.active: dict[str, SessionRun] = {}
         self._rekick: set[str] = set()  # kicked while its worker was already running
         self._reserved = 0  # locks handed to submitters (claim_lock) whose claim has not come back
+        self._claiming: dict[str, int] = {}  # those locks' sessions, with how many each
+        self._early_stops: dict[str, float] = {}  # stops that came before the session's run was registered
         self._slots = asyncio.Semaphore(cfg.gateway.max_concurrent_runs)
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
@@ -111,6 +115,17 @@ class Workers:
         if run is not None:
             run.cancel(reason)
 
+    def stop(self, session_key: str, at: float) -> None:
+        """A /stop at ``at`` (Redis' clock): cancel the session's run here if it started by
+        then. A run whose batch is being claimed, or whose worker is starting, is not
+        registered yet: the stop is kept for it and applied when it registers (it may have
+        read the stop key before the stop was written, with its claim)."""
+        run = self.active.get(session_key)
+        if run is not None:
+            run.cancel_if_started_before(at, "stopped")
+        elif session_key in self.tasks or session_key in self._claiming:
+            self._early_stops[session_key] = max(at, self._early_stops.get(session_key, at))
+
     def fold(self, session_key: str) -> bool:
         """Fold a just-queued message into the session's run here, if it has shown nothing yet."""
         run = self.active.get(session_key)
@@ -133,16 +148,40 @@ class Workers:
             return None
         lock = self._new_lock(session_key)
         self._reserved += 1
+        self._claiming[session_key] = self._claiming.get(session_key, 0) + 1
         return lock
 
     def _new_lock(self, session_key: str) -> SessionLock:
         """The session's lock, whose loss cancels the session's run here."""
         return self._lock_factory(session_key, lambda: self.cancel(session_key, "lock_lost"))
 
-    def claim_returned(self) -> None:
-        """A submitter's try with a :meth:`claim_lock` lock is over (its claim, if any, is
-        about to be kicked: its worker then counts among the tasks)."""
+    def read_ahead(self, session_key: str, lock: SessionLock) -> ReadAhead:
+        """A run's first reads (the session's context, its stop key), to queue with the
+        claim that takes ``lock`` and the batch (``Inbox.enqueue_and_claim``): the run then
+        starts without a round trip of its own. The context is read only while the lock
+        holds the new token; a stop written after the read is caught by :meth:`stop`."""
+        sessions, stop_key = self._executor.deps.sessions, self._signals.key(session_key)
+
+        def queue(pipe: Pipeline, token: str) -> Callable[[list[Any]], RunStart | None]:
+            context = sessions.queue_context_if_held(pipe, session_key, lock.key, token)
+            pipe.get(stop_key)
+
+            def read(replies: list[Any]) -> RunStart | None:
+                loaded = context(replies[0])
+                return None if loaded is None else RunStart(loaded, replies[1], time.monotonic())
+            return read
+        return queue
+
+    def claim_returned(self, session_key: str, lock: SessionLock, claim: Claim | None) -> None:
+        """A submitter's try with a :meth:`claim_lock` lock is over: a worker starts on its
+        claim, if it got one (and then counts among the tasks)."""
         self._reserved -= 1
+        if (left := self._claiming.pop(session_key) - 1) > 0:
+            self._claiming[session_key] = left
+        if claim is not None:
+            self.kick(session_key, (lock, claim))
+        elif session_key not in self.tasks and not left:
+            self._early_stops.pop(session_key, None)
 
     def kick(self, session_key: str, claimed: tuple[SessionLock, Claim] | None = None) -> None:
         """Serve ``session_key`` unless this replica already does (or is closing). With
@@ -167,6 +206,8 @@ class Workers:
         # A worker may have started its successor before it ended: only forget itself.
         if self.tasks.get(session_key) is task:
             del self.tasks[session_key]
+            if session_key not in self._claiming:
+                self._early_stops.pop(session_key, None)
 
     async def _serve(self, session_key: str, claimed: tuple[SessionLock, Claim] | None = None) -> None:
         held = False
@@ -229,7 +270,8 @@ class Workers:
             if not batch:
                 await self._finish(session_key, lock)
                 return
-            outcome = await self._run(session_key, batch, lock, started_at, resumed=claim.resumed)
+            start = None if claim.resumed else claim.ahead  # an intake's claim reads the run's start too
+            outcome = await self._run(session_key, batch, lock, started_at, resumed=claim.resumed, start=start)
             while outcome == FOLD:
                 batch = batch + await self._inbox.take(session_key)
                 log.info("run.folded", session_key=session_key, run_id=batch[0].run_id, messages=len(batch))
@@ -276,7 +318,8 @@ class Workers:
         return max(window, MEDIA_GROUP_WAIT_S) if any(r.meta.get("media_group") for r in batch) else window
 
     async def _run(
-        self, session_key: str, batch: list[RunRequest], lock: SessionLock, started_at: float, *, resumed: bool
+        self, session_key: str, batch: list[RunRequest], lock: SessionLock, started_at: float, *, resumed: bool,
+        start: RunStart | None = None,
     ) -> RunOutcome | Literal["fold"] | None:
         """One run of ``batch``: its outcome, None when it is left for a retry, or FOLD when
         it was cancelled to start again with the messages that followed it."""
@@ -286,9 +329,11 @@ class Workers:
         run = SessionRun(
             task, started_at=started_at, run_id=batch[0].run_id, session_key=session_key,
             inbox=self._inbox, signals=self._signals, steer_mode=self.cfg.queue.mode == "steer",
-            fold_window_s=self._fold_window(batch) if foldable else 0.0, resumed=resumed,
+            fold_window_s=self._fold_window(batch) if foldable else 0.0, resumed=resumed, start=start,
         )
         self.active[session_key] = run
+        if (stopped_at := self._early_stops.pop(session_key, None)) is not None:
+            run.cancel_if_started_before(stopped_at, "stopped")
         if not lock.is_held:  # lost while we were registering: on_lost found nothing to cancel
             self.active.pop(session_key, None)
             return None

@@ -42,6 +42,15 @@ class SessionSnapshot(BaseModel):
     version: int
     summary: str | None
 
+# What a run reads first (history, summary, meta), only while its lock (KEYS[4]) holds its
+# token (ARGV[1]): read in the round trip that takes the lock, before it is known to be ours.
+_CONTEXT_IF_HELD = """
+if redis.call('GET', KEYS[4]) ~= ARGV[1] then
+  return false
+end
+return {redis.call('LRANGE', KEYS[1], 0, -1), redis.call('GET', KEYS[2]), redis.call('HGETALL', KEYS[3])}
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class SessionContext:
@@ -79,6 +88,7 @@ class SessionStore:
         self._usage = client.register_script(session_scripts.RECORD_USAGE)
         self._run_usage = client.register_script(session_scripts.RECORD_RUN)
         self._record_run = client.register_script(session_scripts.RECORD_FINISHED_RUN)
+        self._context_if_held = client.register_script(_CONTEXT_IF_HELD)
 
     async def append(self, session_key: str, run_id: str, messages: Sequence[Message]) -> bool:
         """Append a run's messages, all or nothing. False when this run id was already applied.
@@ -113,13 +123,25 @@ class SessionStore:
         if also is not None:
             also(pipe)
         raw, summary, meta, *more = await pipe.execute()
-        return SessionContext(
-            messages=_decode_all(session_key, raw),
-            summary=str(summary) if summary is not None else None,
-            model=str(meta["model"]) if meta.get("model") else None,
-            usage=usage_of(meta),
-            context_warned=bool(meta.get("context_warned")),
-        ), more
+        return _context_of(session_key, raw, summary, meta), more
+
+    def queue_context_if_held(
+        self, pipe: Pipeline, session_key: str, lock_key: str, token: str
+    ) -> Callable[[Any], SessionContext | None]:
+        """:meth:`context` queued on ``pipe``, read only while ``lock_key`` holds ``token``
+        (the run's lock, taken in the same round trip); the reader takes its reply and
+        gives None when the lock was not held. A message for a session served elsewhere
+        then does not fetch its whole history for nothing."""
+        keys = [self._keys.session_messages(session_key), self._keys.session_summary(session_key),
+                self._keys.session_meta(session_key), lock_key]
+        queue_script(pipe, self._context_if_held, keys, [token])
+
+        def read(reply: Any) -> SessionContext | None:
+            if not reply:
+                return None
+            raw, summary, flat = reply
+            return _context_of(session_key, raw, summary, dict(zip(flat[::2], flat[1::2], strict=True)))
+        return read
 
     async def record_run(
         self, session_key: str, run_id: str, messages: Sequence[Message], usages: Sequence[tuple[int, int]], *,
@@ -324,6 +346,16 @@ def _encode(message: Message) -> str:
     if not isinstance(message, Message):
         raise TypeError(f"sessions store agent.types.Message objects, got {type(message).__name__}")
     return message.model_dump_json(exclude_defaults=True)
+
+
+def _context_of(session_key: str, raw: Sequence[str | bytes], summary: Any, meta: dict[Any, Any]) -> SessionContext:
+    return SessionContext(
+        messages=_decode_all(session_key, raw),
+        summary=str(summary) if summary is not None else None,
+        model=str(meta["model"]) if meta.get("model") else None,
+        usage=usage_of(meta),
+        context_warned=bool(meta.get("context_warned")),
+    )
 
 
 def _decode_all(session_key: str, raw: Sequence[str | bytes]) -> list[Message]:

@@ -48,9 +48,11 @@ async def test_the_reply_is_recorded_with_its_first_claim(
     # The claim of part 0 (saving the result) carries the append and the usage records.
     # One script records the append, the usage and the run's totals.
     assert claims[0] == "MULTI+SET+HSETNX+EXPIRE+EVAL+EXEC"
-    # The history is touched twice in all: the run's first read, and that claim.
-    touched = requests.commands(history)
-    assert len(touched) == 2 and touched[0].startswith("LRANGE") and touched[1] == claims[0]
+    # The history is touched twice in all: the run's first read (with the message's intake,
+    # which queued it and claimed it), and that claim.
+    touched = requests.touching(history)
+    assert len(touched) == 2 and touched[0] == requests.touching(bot.keys.inbox(dm_session()))[0]
+    assert requests.commands(history)[1] == claims[0]
     assert roles(await bot.history()) == ["user", "assistant"]
 
 

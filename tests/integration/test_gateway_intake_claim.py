@@ -44,10 +44,12 @@ async def test_a_lone_message_is_queued_and_claimed_in_one_round_trip(
         await bot.wait_idle()
         session = dm_session()
         lock = bot.keys.lock(session)
-        # The lock taken, the message queued, the batch claimed: one request.
+        # The lock taken, the message queued, the batch claimed, and the run's first read
+        # (history, summary and meta under the lock, the stop key): one request.
         intake = requests.touching(bot.keys.inbox(session))[0]
         assert lock.encode() in intake and b"hello" in intake
-        assert requests.commands(bot.keys.inbox(session))[0] == "EVAL+EVAL+EVAL"
+        assert bot.keys.session_messages(session).encode() in intake
+        assert requests.commands(bot.keys.inbox(session))[0] == "EVAL+EVAL+EVAL+EVAL+GET"
         # The lock is taken there and nowhere else (the worker does not try again).
         assert [r for r in requests.sent if ACQUIRE.encode() in r] == [intake]
         assert bot.channel.texts("part") == ["hello back"]
@@ -169,7 +171,7 @@ async def test_a_claim_handed_over_while_closing_is_left_for_a_resume(
         enqueued, claim = await bot.gateway.inbox.enqueue_and_claim(chat_request("late"), 20, lock)
         assert claim is not None and [r.text for r in claim.batch] == ["late"] and not enqueued.duplicate
         bot.gateway.workers._closing = True
-        bot.gateway.workers.kick(session, (lock, claim))
+        bot.gateway.workers.claim_returned(session, lock, claim)
         await wait_until(lambda: session not in bot.gateway.workers.tasks, what="the worker to let go")
         assert not await bot.redis.exists(bot.keys.lock(session))  # released, not kept renewing
         assert await bot.queued() == (0, 1)  # still running: the next holder resumes it

@@ -1,0 +1,191 @@
+"""A lone message's run reads its start (history, summary, meta, the stop key) in the
+round trip that queues the message and claims it (``Workers.read_ahead``), not in one of
+its own; against the fake OpenAI server and a real Redis.
+
+Read before the run is registered, that stop check could miss a stop written after it:
+a stop seen meanwhile (this replica's /stop, or another's broadcast) is kept for the run
+and applied when it registers. The history is read only while the new lock is ours, and
+a batch that starts a fresh session reads it again after the reset."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+
+from agent.types import Message
+from bot.gateway.inbox import Inbox
+from bot.gateway.run_control import RunStart
+from bot.gateway.session_run import CLAIM_COVERS_TAKE_S, SessionRun
+from bot.gateway.signals import Broadcast, CancelSignals, server_time
+from bot.store.keys import Keys
+from bot.store.sessions import SessionContext, SessionStore
+from tests.fakes.openai_server import FakeOpenAI, Reply
+from tests.integration.gateway_harness import (
+    Bot,
+    chat_request,
+    dm_session,
+    request_texts,
+    roles,
+    running_daemon,
+    wait_until,
+)
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server
+
+
+async def claim_by_hand(bot: Bot, text: str) -> tuple[object, object]:
+    """What ``Gateway._enqueue`` does up to handing the claim over: the lock, the claim."""
+    session = dm_session()
+    lock = bot.gateway.workers.claim_lock(session)
+    assert lock is not None
+    _, claim = await bot.gateway.inbox.enqueue_and_claim(
+        chat_request(text), 20, lock, ahead=bot.gateway.workers.read_ahead(session, lock)
+    )
+    assert claim is not None and isinstance(claim.ahead, RunStart)
+    return lock, claim
+
+
+async def test_a_lone_message_runs_on_the_history_read_with_its_intake(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    fake.script(Reply.text("first answer"), Reply.text("second answer"))
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        await bot.send("first")
+        await bot.wait_idle()
+        await bot.send("second")
+        await bot.wait_idle()
+        # The second run saw the first turn: the history read with its intake was the run's.
+        assert request_texts(fake.requests[1]) == ["first", "second"]
+        assert request_texts(fake.requests[1], "assistant") == ["first answer"]
+        assert roles(await bot.history()) == ["user", "assistant", "user", "assistant"]
+
+
+async def test_a_stop_after_the_intake_read_stops_the_run_when_it_registers(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    fake.script(Reply.text("must not be asked for"))
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        session = dm_session()
+        lock, claim = await claim_by_hand(bot, "stop me")
+        # The /stop lands after the claim read the stop key, before the run is registered.
+        await bot.gateway.stop_session(session)
+        bot.gateway.workers.claim_returned(session, lock, claim)  # type: ignore[arg-type]
+        await bot.wait_idle()
+        assert fake.requests == []
+        assert bot.channel.texts("part") == []
+        assert session not in bot.gateway.workers._early_stops
+
+
+async def test_a_broadcast_stop_during_the_intake_stops_the_run(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    fake.script(Reply.text("must not be asked for"))
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        session = dm_session()
+        lock, claim = await claim_by_hand(bot, "stopped from elsewhere")
+        # Another replica's /stop: the key, then the broadcast, which reaches this replica
+        # while the claim is still on its way to the worker.
+        other = CancelSignals(bot.redis, bot.cfg.redis.prefix, Broadcast(bot.redis))
+        await other.request(session)
+        await wait_until(lambda: session in bot.gateway.workers._early_stops, what="the broadcast")
+        bot.gateway.workers.claim_returned(session, lock, claim)  # type: ignore[arg-type]
+        await bot.wait_idle()
+        assert fake.requests == []
+
+
+async def test_a_stop_from_before_the_message_does_not_stop_its_run(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    fake.script(Reply.text("answered"))
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        await bot.gateway.stop_session(dm_session())  # nothing to stop; its key stays
+        await bot.send("after the stop")
+        await bot.wait_idle()
+        assert bot.channel.texts("part") == ["answered"]
+        assert not bot.gateway.workers._early_stops
+
+
+async def test_a_fresh_session_reads_its_history_again_after_the_reset(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    fake.script(Reply.text("old answer"), Reply.text("fresh answer"))
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        await bot.send("old turn")
+        await bot.wait_idle()
+        req = chat_request("a fresh start")
+        req.meta["fresh_session"] = "1"
+        await bot.submit(req)
+        await bot.wait_idle()
+        assert request_texts(fake.requests[1]) == ["a fresh start"]
+        assert roles(await bot.history()) == ["user", "assistant"]
+
+
+async def test_the_history_is_read_only_under_the_new_lock(redis_client: aioredis.Redis, redis_prefix: str) -> None:
+    keys = Keys(redis_prefix)
+    sessions = SessionStore(redis_client, keys)
+    session = dm_session()
+    await sessions.append(session, "r0", [Message.user("kept"), Message.assistant("yes")])
+    await redis_client.set(keys.lock(session), "ours", ex=30)
+    pipe = redis_client.pipeline(transaction=False)
+    held = sessions.queue_context_if_held(pipe, session, keys.lock(session), "ours")
+    elsewhere = sessions.queue_context_if_held(pipe, session, keys.lock(session), "someone else's")
+    first, second = await pipe.execute()
+    context = held(first)
+    assert isinstance(context, SessionContext) and [m.content for m in context.messages] == ["kept", "yes"]
+    assert context.usage == (await sessions.context(session)).usage
+    assert second is None and elsewhere(second) is None
+
+
+def started_run(client: aioredis.Redis, prefix: str, started_at: float, read_at: float) -> SessionRun:
+    task = asyncio.current_task()
+    assert task is not None
+    empty = SessionContext(messages=[], summary=None, model=None, usage=None, context_warned=False)  # type: ignore[arg-type]
+    return SessionRun(
+        task, started_at=started_at, run_id="r1", session_key=dm_session(), inbox=Inbox(client, prefix),
+        signals=CancelSignals(client, prefix, Broadcast(client)), steer_mode=True,
+        start=RunStart(empty, None, read_at),
+    )
+
+
+async def test_the_claim_stands_for_the_first_take_only_just_after_it(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    inbox = Inbox(redis_client, redis_prefix)
+    started = await server_time(redis_client)
+    fresh = started_run(redis_client, redis_prefix, started, time.monotonic())
+    await inbox.enqueue(chat_request("came right after the claim"), 20)
+    assert fresh.start_context() is not None and fresh.start_context() is None  # handed over once
+    assert await fresh.steer() == []  # no round trip: the claim took what waited
+    assert [r.text for r in await fresh.steer()] == ["came right after the claim"]  # the next one asks
+    slow = started_run(redis_client, redis_prefix, started, time.monotonic() - 2 * CLAIM_COVERS_TAKE_S)
+    await inbox.enqueue(chat_request("came during a slow start"), 20)
+    assert [r.text for r in await slow.steer()] == ["came during a slow start"]
+
+
+async def test_a_stop_read_with_the_claim_cancels_at_the_first_steer(
+    redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    started = await server_time(redis_client)
+    task = asyncio.current_task()
+    assert task is not None
+    empty = SessionContext(messages=[], summary=None, model=None, usage=None, context_warned=False)  # type: ignore[arg-type]
+    run = SessionRun(
+        task, started_at=started, run_id="r1", session_key=dm_session(), inbox=Inbox(redis_client, redis_prefix),
+        signals=CancelSignals(redis_client, redis_prefix, Broadcast(redis_client)), steer_mode=False,
+        start=RunStart(empty, repr(started + 0.001), time.monotonic()),
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await run.steer()
+    assert run.reason == "stopped"
+    run.acknowledge()
+    run.close()
+    task.uncancel()
