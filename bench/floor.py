@@ -3,7 +3,7 @@
 A message on the Telegram polling path makes three Bot API calls through
 python-telegram-bot (the ``getUpdates`` that brings it, ``sendChatAction``,
 ``sendMessage``), one streamed model request as ``LLMClient`` sends it (the ``openai``
-SDK's headers, ``agent.llm_wire``) and four round trips
+SDK's headers, ``agent.llm_wire``) and three round trips
 to the store (``bench/paths.py`` counts them). This makes exactly those calls, the way
 botd makes them and on botd's event loop (uvloop), with nothing in between: the fakes
 run in their own processes, the store is the embedded Valkey behind botd's own client.
@@ -51,7 +51,7 @@ from bench.common import (  # noqa: E402
 
 OUTPUT = ROOT / "bench" / "floor.json"
 CHAT = 42
-STORE_ROUND_TRIPS = 4
+STORE_ROUND_TRIPS = 3
 ANSWER = "Here is the <b>answer</b>, short as most chat answers are."
 
 async def measure(args: argparse.Namespace) -> dict[str, Any]:
