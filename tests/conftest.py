@@ -1,4 +1,5 @@
-"""Shared fixtures: a real Redis (embedded Valkey, or $REDIS_URL) for every test that needs one."""
+"""Shared fixtures: a real Redis (embedded Valkey, or $REDIS_URL) for every test that needs one,
+and the fake OpenAI server (``fake``; a test module may mean another fake by that name)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+
+from tests.fakes.openai_server import FakeOpenAI
 
 
 @pytest.fixture(autouse=True)
@@ -52,3 +55,9 @@ async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeOpenAI]:
+    async with FakeOpenAI() as server:
+        yield server

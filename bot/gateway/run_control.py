@@ -4,6 +4,7 @@ after which its batch runs again instead of being recorded."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Final, Literal, Protocol
 
@@ -54,7 +55,8 @@ class RunControl(Protocol):
 class RunStart:
     """A run's first reads, done in the round trip that claimed its batch."""
 
-    context: SessionContext
+    # Decodes the session's context: in the run, not in the intake that answers the platform.
+    context: Callable[[], SessionContext]
     stop: str | bytes | None  # the session's stop key, as read with the claim
     read_at: float  # time.monotonic() when the reply came
 

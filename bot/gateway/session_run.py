@@ -124,8 +124,8 @@ class SessionRun:
         self._ahead, self._ahead_until = replies, math.inf
 
     def start_context(self) -> SessionContext | None:
-        context, self._start_context = self._start_context, None
-        return context
+        decode, self._start_context = self._start_context, None
+        return None if decode is None else decode()
 
     async def steer(self) -> list[RunRequest]:
         """Called before every LLM call: notice a missed /stop, hand over steered messages."""

@@ -127,20 +127,21 @@ class SessionStore:
 
     def queue_context_if_held(
         self, pipe: Pipeline, session_key: str, lock_key: str, token: str
-    ) -> Callable[[Any], SessionContext | None]:
+    ) -> Callable[[Any], Callable[[], SessionContext] | None]:
         """:meth:`context` queued on ``pipe``, read only while ``lock_key`` holds ``token``
-        (the run's lock, taken in the same round trip); the reader takes its reply and
-        gives None when the lock was not held. A message for a session served elsewhere
-        then does not fetch its whole history for nothing."""
+        (the run's lock, taken in the same round trip), so a message for a session served
+        elsewhere does not fetch its whole history for nothing. The reader takes its reply:
+        None when the lock was not held, else what decodes it (the history's messages are
+        parsed only then, by whoever needs them)."""
         keys = [self._keys.session_messages(session_key), self._keys.session_summary(session_key),
                 self._keys.session_meta(session_key), lock_key]
         queue_script(pipe, self._context_if_held, keys, [token])
 
-        def read(reply: Any) -> SessionContext | None:
+        def read(reply: Any) -> Callable[[], SessionContext] | None:
             if not reply:
                 return None
             raw, summary, flat = reply
-            return _context_of(session_key, raw, summary, dict(zip(flat[::2], flat[1::2], strict=True)))
+            return lambda: _context_of(session_key, raw, summary, dict(zip(flat[::2], flat[1::2], strict=True)))
         return read
 
     async def record_run(

@@ -28,12 +28,6 @@ WINDOW = 128_000
 
 
 @pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
-
-
-@pytest.fixture
 async def llm(fake: FakeOpenAI) -> AsyncIterator[LLMClient]:
     client = LLMClient(model="gpt-4o-mini", base_url=fake.base_url, api_key="test", max_retries=0)
     try:

@@ -9,7 +9,6 @@ serves, so no message waits for a sweep or is run twice."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,12 +25,6 @@ from tests.integration.gateway_harness import (
     running_daemon,
     wait_until,
 )
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 async def test_a_lone_message_is_queued_and_claimed_in_one_round_trip(

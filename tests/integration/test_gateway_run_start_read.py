@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -34,12 +33,6 @@ from tests.integration.gateway_harness import (
     running_daemon,
     wait_until,
 )
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 async def claim_by_hand(bot: Bot, text: str) -> tuple[object, object]:
@@ -139,20 +132,26 @@ async def test_the_history_is_read_only_under_the_new_lock(redis_client: aioredi
     held = sessions.queue_context_if_held(pipe, session, keys.lock(session), "ours")
     elsewhere = sessions.queue_context_if_held(pipe, session, keys.lock(session), "someone else's")
     first, second = await pipe.execute()
-    context = held(first)
+    decode = held(first)
+    assert decode is not None
+    context = decode()
     assert isinstance(context, SessionContext) and [m.content for m in context.messages] == ["kept", "yes"]
     assert context.usage == (await sessions.context(session)).usage
     assert second is None and elsewhere(second) is None
 
 
-def started_run(client: aioredis.Redis, prefix: str, started_at: float, read_at: float) -> SessionRun:
+def started_run(
+    client: aioredis.Redis, prefix: str, started_at: float, read_at: float, *, stop: str | None = None,
+    steer_mode: bool = True,
+) -> SessionRun:
+    """A run started on reads done with its claim: an empty context and ``stop`` as the stop key."""
     task = asyncio.current_task()
     assert task is not None
     empty = SessionContext(messages=[], summary=None, model=None, usage=None, context_warned=False)  # type: ignore[arg-type]
     return SessionRun(
         task, started_at=started_at, run_id="r1", session_key=dm_session(), inbox=Inbox(client, prefix),
-        signals=CancelSignals(client, prefix, Broadcast(client)), steer_mode=True,
-        start=RunStart(empty, None, read_at),
+        signals=CancelSignals(client, prefix, Broadcast(client)), steer_mode=steer_mode,
+        start=RunStart(lambda: empty, stop, read_at),
     )
 
 
@@ -175,17 +174,10 @@ async def test_a_stop_read_with_the_claim_cancels_at_the_first_steer(
     redis_client: aioredis.Redis, redis_prefix: str
 ) -> None:
     started = await server_time(redis_client)
-    task = asyncio.current_task()
-    assert task is not None
-    empty = SessionContext(messages=[], summary=None, model=None, usage=None, context_warned=False)  # type: ignore[arg-type]
-    run = SessionRun(
-        task, started_at=started, run_id="r1", session_key=dm_session(), inbox=Inbox(redis_client, redis_prefix),
-        signals=CancelSignals(redis_client, redis_prefix, Broadcast(redis_client)), steer_mode=False,
-        start=RunStart(empty, repr(started + 0.001), time.monotonic()),
-    )
+    run = started_run(redis_client, redis_prefix, started, time.monotonic(), stop=repr(started + 0.001), steer_mode=False)
     with pytest.raises(asyncio.CancelledError):
         await run.steer()
     assert run.reason == "stopped"
     run.acknowledge()
     run.close()
-    task.uncancel()
+    asyncio.current_task().uncancel()  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""Fixtures of the model tests: the fake OpenAI server and a quick-retrying client for it."""
+"""Fixtures of the model tests: a quick-retrying client for the fake OpenAI server."""
 
 from __future__ import annotations
 
@@ -8,12 +8,6 @@ import pytest
 
 from agent.llm import LLMClient
 from tests.fakes.openai_server import FakeOpenAI
-
-
-@pytest.fixture
-async def fake() -> AsyncIterator[FakeOpenAI]:
-    async with FakeOpenAI() as server:
-        yield server
 
 
 @pytest.fixture
