@@ -5,22 +5,18 @@ its own; against the fake OpenAI server and a real Redis.
 Read before the run is registered, that stop check could miss a stop written after it:
 a stop seen meanwhile (this replica's /stop, or another's broadcast) is kept for the run
 and applied when it registers. The history is read only while the new lock is ours, and
-a batch that starts a fresh session reads it again after the reset."""
+a batch that starts a fresh session reads it again after the reset. How the first steer
+uses what the claim read: ``test_gateway_steer_ahead.py``."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 from pathlib import Path
 
-import pytest
 import redis.asyncio as aioredis
 
 from agent.types import Message
-from bot.gateway.inbox import Inbox
 from bot.gateway.run_control import RunStart
-from bot.gateway.session_run import CLAIM_COVERS_TAKE_S, SessionRun
-from bot.gateway.signals import Broadcast, CancelSignals, server_time
+from bot.gateway.signals import Broadcast, CancelSignals
 from bot.store.keys import Keys
 from bot.store.sessions import SessionContext, SessionStore
 from tests.fakes.openai_server import FakeOpenAI, Reply
@@ -138,46 +134,3 @@ async def test_the_history_is_read_only_under_the_new_lock(redis_client: aioredi
     assert isinstance(context, SessionContext) and [m.content for m in context.messages] == ["kept", "yes"]
     assert context.usage == (await sessions.context(session)).usage
     assert second is None and elsewhere(second) is None
-
-
-def started_run(
-    client: aioredis.Redis, prefix: str, started_at: float, read_at: float, *, stop: str | None = None,
-    steer_mode: bool = True,
-) -> SessionRun:
-    """A run started on reads done with its claim: an empty context and ``stop`` as the stop key."""
-    task = asyncio.current_task()
-    assert task is not None
-    empty = SessionContext(messages=[], summary=None, model=None, usage=None, context_warned=False)  # type: ignore[arg-type]
-    return SessionRun(
-        task, started_at=started_at, run_id="r1", session_key=dm_session(), inbox=Inbox(client, prefix),
-        signals=CancelSignals(client, prefix, Broadcast(client)), steer_mode=steer_mode,
-        start=RunStart(lambda: empty, stop, read_at),
-    )
-
-
-async def test_the_claim_stands_for_the_first_take_only_just_after_it(
-    redis_client: aioredis.Redis, redis_prefix: str
-) -> None:
-    inbox = Inbox(redis_client, redis_prefix)
-    started = await server_time(redis_client)
-    fresh = started_run(redis_client, redis_prefix, started, time.monotonic())
-    await inbox.enqueue(chat_request("came right after the claim"), 20)
-    assert fresh.start_context() is not None and fresh.start_context() is None  # handed over once
-    assert await fresh.steer() == []  # no round trip: the claim took what waited
-    assert [r.text for r in await fresh.steer()] == ["came right after the claim"]  # the next one asks
-    slow = started_run(redis_client, redis_prefix, started, time.monotonic() - 2 * CLAIM_COVERS_TAKE_S)
-    await inbox.enqueue(chat_request("came during a slow start"), 20)
-    assert [r.text for r in await slow.steer()] == ["came during a slow start"]
-
-
-async def test_a_stop_read_with_the_claim_cancels_at_the_first_steer(
-    redis_client: aioredis.Redis, redis_prefix: str
-) -> None:
-    started = await server_time(redis_client)
-    run = started_run(redis_client, redis_prefix, started, time.monotonic(), stop=repr(started + 0.001), steer_mode=False)
-    with pytest.raises(asyncio.CancelledError):
-        await run.steer()
-    assert run.reason == "stopped"
-    run.acknowledge()
-    run.close()
-    asyncio.current_task().uncancel()  # type: ignore[union-attr]
