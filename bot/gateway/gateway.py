@@ -124,7 +124,7 @@ class Gateway:
         claim = None
         try:
             enqueued, claim = await self.inbox.enqueue_and_claim(
-                req, cap, lock, dedupe_key=dedupe_key, ahead=self.workers.read_ahead(req.session_key, lock)
+                req, cap, lock, dedupe_key=dedupe_key, ahead=self.workers.read_ahead(req.session_key)
             )
         finally:
             self.workers.claim_returned(req.session_key, lock, claim)

@@ -164,9 +164,8 @@ class Claim:
     ahead: Any = None  # what reads queued with the claim found (``enqueue_and_claim``)
 
 
-# Reads to queue on the claim's pipeline for the lock's new token; the reader it returns
-# is handed their replies.
-ReadAhead = Callable[[Pipeline, str], Callable[[list[Any]], Any]]
+# Reads to queue on the claim's pipeline; the reader it returns is handed their replies.
+ReadAhead = Callable[[Pipeline], Callable[[list[Any]], Any]]
 
 
 class Inbox:
@@ -206,8 +205,8 @@ class Inbox:
         claim is None when another worker holds the lock (the message then waits for it as
         :meth:`enqueue` leaves it). With the lock taken, the claim is the worker's to run
         or finish even when the message was a duplicate (it may hold earlier ones).
-        ``ahead`` queues reads after the claim, for the new token; what its reader makes
-        of their replies is the claim's ``ahead``."""
+        ``ahead`` queues reads after the claim; what its reader makes of their replies is
+        the claim's ``ahead`` (read only when the claim was taken)."""
         keys, args = self._enqueue_call(req, cap, dedupe_key)
         read: Callable[[list[Any]], Any] | None = None
 
@@ -216,7 +215,7 @@ class Inbox:
             queue_script(pipe, self._enqueue, keys, args)
             self._queue_claim(pipe, req.session_key, lock, token)
             if ahead is not None:
-                read = ahead(pipe, token)
+                read = ahead(pipe)
 
         taken, (enqueued, claimed, *more) = await lock.acquire_with(queue)
         if taken and claimed is None:  # the lock was gone again before the claim: not ours to keep

@@ -42,15 +42,6 @@ class SessionSnapshot(BaseModel):
     version: int
     summary: str | None
 
-# What a run reads first (history, summary, meta), only while its lock (KEYS[4]) holds its
-# token (ARGV[1]): read in the round trip that takes the lock, before it is known to be ours.
-_CONTEXT_IF_HELD = """
-if redis.call('GET', KEYS[4]) ~= ARGV[1] then
-  return false
-end
-return {redis.call('LRANGE', KEYS[1], 0, -1), redis.call('GET', KEYS[2]), redis.call('HGETALL', KEYS[3])}
-"""
-
 
 @dataclass(frozen=True, slots=True)
 class SessionContext:
@@ -88,7 +79,6 @@ class SessionStore:
         self._usage = client.register_script(session_scripts.RECORD_USAGE)
         self._run_usage = client.register_script(session_scripts.RECORD_RUN)
         self._record_run = client.register_script(session_scripts.RECORD_FINISHED_RUN)
-        self._context_if_held = client.register_script(_CONTEXT_IF_HELD)
 
     async def append(self, session_key: str, run_id: str, messages: Sequence[Message]) -> bool:
         """Append a run's messages, all or nothing. False when this run id was already applied.
@@ -117,31 +107,23 @@ class SessionStore:
     ) -> tuple[SessionContext, list[Any]]:
         """:meth:`context`, and in the same round trip what ``also`` queues (its replies)."""
         pipe = self._client.pipeline(transaction=False)
+        read = self.queue_context(pipe, session_key)
+        if also is not None:
+            also(pipe)
+        replies = await pipe.execute()
+        return read(replies)(), replies[3:]
+
+    def queue_context(self, pipe: Pipeline, session_key: str) -> Callable[[list[Any]], Callable[[], SessionContext]]:
+        """:meth:`context`'s three reads queued on ``pipe``. The reader takes the replies from
+        theirs on and gives what decodes them: the history's messages are parsed only when,
+        and where, they are needed."""
         pipe.lrange(self._keys.session_messages(session_key), 0, -1)
         pipe.get(self._keys.session_summary(session_key))
         pipe.hgetall(self._keys.session_meta(session_key))
-        if also is not None:
-            also(pipe)
-        raw, summary, meta, *more = await pipe.execute()
-        return _context_of(session_key, raw, summary, meta), more
 
-    def queue_context_if_held(
-        self, pipe: Pipeline, session_key: str, lock_key: str, token: str
-    ) -> Callable[[Any], Callable[[], SessionContext] | None]:
-        """:meth:`context` queued on ``pipe``, read only while ``lock_key`` holds ``token``
-        (the run's lock, taken in the same round trip), so a message for a session served
-        elsewhere does not fetch its whole history for nothing. The reader takes its reply:
-        None when the lock was not held, else what decodes it (the history's messages are
-        parsed only then, by whoever needs them)."""
-        keys = [self._keys.session_messages(session_key), self._keys.session_summary(session_key),
-                self._keys.session_meta(session_key), lock_key]
-        queue_script(pipe, self._context_if_held, keys, [token])
-
-        def read(reply: Any) -> Callable[[], SessionContext] | None:
-            if not reply:
-                return None
-            raw, summary, flat = reply
-            return lambda: _context_of(session_key, raw, summary, dict(zip(flat[::2], flat[1::2], strict=True)))
+        def read(replies: list[Any]) -> Callable[[], SessionContext]:
+            raw, summary, meta = replies[:3]
+            return lambda: _context_of(session_key, raw, summary, meta)
         return read
 
     async def record_run(

@@ -38,11 +38,11 @@ async def test_a_lone_message_is_queued_and_claimed_in_one_round_trip(
         session = dm_session()
         lock = bot.keys.lock(session)
         # The lock taken, the message queued, the batch claimed, and the run's first read
-        # (history, summary and meta under the lock, the stop key): one request.
+        # (history, summary, meta, the stop key): one request.
         intake = requests.touching(bot.keys.inbox(session))[0]
         assert lock.encode() in intake and b"hello" in intake
         assert bot.keys.session_messages(session).encode() in intake
-        assert requests.commands(bot.keys.inbox(session))[0] == "EVAL+EVAL+EVAL+EVAL+GET"
+        assert requests.commands(bot.keys.inbox(session))[0] == "EVAL+EVAL+EVAL+LRANGE+GET+HGETALL+GET"
         # The lock is taken there and nowhere else (the worker does not try again).
         assert [r for r in requests.sent if ACQUIRE.encode() in r] == [intake]
         assert bot.channel.texts("part") == ["hello back"]

@@ -10,15 +10,19 @@ uses what the claim read: ``test_gateway_steer_ahead.py``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 from agent.types import Message
 from bot.gateway.run_control import RunStart
 from bot.gateway.signals import Broadcast, CancelSignals
 from bot.store.keys import Keys
-from bot.store.sessions import SessionContext, SessionStore
+from bot.store.locks import Lease
+from bot.store.sessions import SessionStore
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.integration.gateway_harness import (
     Bot,
@@ -37,7 +41,7 @@ async def claim_by_hand(bot: Bot, text: str) -> tuple[object, object]:
     lock = bot.gateway.workers.claim_lock(session)
     assert lock is not None
     _, claim = await bot.gateway.inbox.enqueue_and_claim(
-        chat_request(text), 20, lock, ahead=bot.gateway.workers.read_ahead(session, lock)
+        chat_request(text), 20, lock, ahead=bot.gateway.workers.read_ahead(session)
     )
     assert claim is not None and isinstance(claim.ahead, RunStart)
     return lock, claim
@@ -118,19 +122,33 @@ async def test_a_fresh_session_reads_its_history_again_after_the_reset(
         assert roles(await bot.history()) == ["user", "assistant"]
 
 
-async def test_the_history_is_read_only_under_the_new_lock(redis_client: aioredis.Redis, redis_prefix: str) -> None:
-    keys = Keys(redis_prefix)
-    sessions = SessionStore(redis_client, keys)
+async def test_a_claim_refused_hands_over_no_start(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        session = dm_session()
+        other = Lease(bot.redis, bot.keys.lock(session), ttl_s=30, owner="other-replica", auto_renew=False)
+        assert await other.acquire(wait=False)
+        lock = bot.gateway.workers.claim_lock(session)
+        assert lock is not None
+        read: list[object] = []
+
+        def ahead(pipe: Pipeline) -> Callable[[list[Any]], object]:
+            bot.gateway.workers.read_ahead(session)(pipe)
+            return read.append
+        _, claim = await bot.gateway.inbox.enqueue_and_claim(chat_request("held elsewhere"), 20, lock, ahead=ahead)
+        bot.gateway.workers.claim_returned(session, lock, claim)
+        assert claim is None and read == []  # what was read for a run is not used by anyone
+        await other.release()
+
+
+async def test_the_start_read_decodes_as_the_run_s_own_read(redis_client: aioredis.Redis, redis_prefix: str) -> None:
+    sessions = SessionStore(redis_client, Keys(redis_prefix))
     session = dm_session()
     await sessions.append(session, "r0", [Message.user("kept"), Message.assistant("yes")])
-    await redis_client.set(keys.lock(session), "ours", ex=30)
+    await sessions.record_usage(session, 12, 3)
     pipe = redis_client.pipeline(transaction=False)
-    held = sessions.queue_context_if_held(pipe, session, keys.lock(session), "ours")
-    elsewhere = sessions.queue_context_if_held(pipe, session, keys.lock(session), "someone else's")
-    first, second = await pipe.execute()
-    decode = held(first)
-    assert decode is not None
-    context = decode()
-    assert isinstance(context, SessionContext) and [m.content for m in context.messages] == ["kept", "yes"]
-    assert context.usage == (await sessions.context(session)).usage
-    assert second is None and elsewhere(second) is None
+    read = sessions.queue_context(pipe, session)
+    context = read(await pipe.execute())()
+    assert context == await sessions.context(session)
+    assert [m.content for m in context.messages] == ["kept", "yes"] and context.usage.total_prompt_tokens == 12
