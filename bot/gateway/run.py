@@ -165,10 +165,10 @@ class RunExecutor:
         if saved is not None:
             control.output_started()
             return await self._resume_saved(turn, saved)
-        loaded = control.start_context()  # read with the batch's claim, when it was
-        if turn.first.meta.get("fresh_session") == "1":
+        fresh = turn.first.meta.get("fresh_session") == "1"
+        if fresh:
             await self.deps.sessions.reset(turn.session_key)
-            loaded = None
+        loaded = None if fresh else control.start_context()  # read with the batch's claim, when it was
         user_messages = await self._guarded(turn.batch, turn.channel, turn.target)
         if not user_messages:
             return RunOutcome(turn.run_id, "blocked", "none", "blocked by the input guard")

@@ -80,8 +80,7 @@ class Workers:
         self.tasks: dict[str, asyncio.Task[None]] = {}  # the worker serving each session here
         self.active: dict[str, SessionRun] = {}
         self._rekick: set[str] = set()  # kicked while its worker was already running
-        self._reserved = 0  # locks handed to submitters (claim_lock) whose claim has not come back
-        self._claiming: dict[str, int] = {}  # those locks' sessions, with how many each
+        self._claiming: set[str] = set()  # sessions whose lock a submitter holds (claim_lock) until its claim is back
         self._early_stops: dict[str, float] = {}  # stops that came before the session's run was registered
         self._slots = asyncio.Semaphore(cfg.gateway.max_concurrent_runs)
         self._closing = False
@@ -136,20 +135,23 @@ class Workers:
     def claim_lock(self, session_key: str) -> SessionLock | None:
         """The session's lock, for a submitter to take together with its message
         (``Inbox.enqueue_and_claim``) when this replica would serve the session at once: no
-        worker of the session here, and a run slot for it even if every worker here and
-        every lock handed out before held one. None otherwise: the message is queued, and
-        kicked or folded as usual, so a burst beyond the slots takes no lock it would hold
-        waiting (another replica may be free to serve it). Each lock handed out counts
-        until :meth:`claim_returned`."""
+        worker of the session here nor a claim of it under way, and a run slot for it even
+        if every worker here and every lock handed out before held one. None otherwise: the
+        message is queued, and kicked or folded as usual, so a burst beyond the slots takes
+        no lock it would hold waiting (another replica may be free to serve it). Each lock
+        handed out counts until :meth:`claim_returned`."""
         if (
-            self._closing or session_key in self.tasks
+            self._closing or session_key in self.tasks or session_key in self._claiming
             or len(self.tasks) + self._reserved >= self.cfg.gateway.max_concurrent_runs
         ):
             return None
-        lock = self._new_lock(session_key)
-        self._reserved += 1
-        self._claiming[session_key] = self._claiming.get(session_key, 0) + 1
-        return lock
+        self._claiming.add(session_key)
+        return self._new_lock(session_key)
+
+    @property
+    def _reserved(self) -> int:
+        """Locks handed to submitters whose claim has not come back."""
+        return len(self._claiming)
 
     def _new_lock(self, session_key: str) -> SessionLock:
         """The session's lock, whose loss cancels the session's run here."""
@@ -174,12 +176,10 @@ class Workers:
     def claim_returned(self, session_key: str, lock: SessionLock, claim: Claim | None) -> None:
         """A submitter's try with a :meth:`claim_lock` lock is over: a worker starts on its
         claim, if it got one (and then counts among the tasks)."""
-        self._reserved -= 1
-        if (left := self._claiming.pop(session_key) - 1) > 0:
-            self._claiming[session_key] = left
+        self._claiming.discard(session_key)
         if claim is not None:
             self.kick(session_key, (lock, claim))
-        elif session_key not in self.tasks and not left:
+        elif session_key not in self.tasks:
             self._early_stops.pop(session_key, None)
 
     def kick(self, session_key: str, claimed: tuple[SessionLock, Claim] | None = None) -> None:

@@ -123,7 +123,13 @@ class SessionStore:
 
         def read(replies: list[Any]) -> Callable[[], SessionContext]:
             raw, summary, meta = replies[:3]
-            return lambda: _context_of(session_key, raw, summary, meta)
+            return lambda: SessionContext(
+                messages=_decode_all(session_key, raw),
+                summary=str(summary) if summary is not None else None,
+                model=str(meta["model"]) if meta.get("model") else None,
+                usage=usage_of(meta),
+                context_warned=bool(meta.get("context_warned")),
+            )
         return read
 
     async def record_run(
@@ -329,16 +335,6 @@ def _encode(message: Message) -> str:
     if not isinstance(message, Message):
         raise TypeError(f"sessions store agent.types.Message objects, got {type(message).__name__}")
     return message.model_dump_json(exclude_defaults=True)
-
-
-def _context_of(session_key: str, raw: Sequence[str | bytes], summary: Any, meta: dict[Any, Any]) -> SessionContext:
-    return SessionContext(
-        messages=_decode_all(session_key, raw),
-        summary=str(summary) if summary is not None else None,
-        model=str(meta["model"]) if meta.get("model") else None,
-        usage=usage_of(meta),
-        context_warned=bool(meta.get("context_warned")),
-    )
 
 
 def _decode_all(session_key: str, raw: Sequence[str | bytes]) -> list[Message]:
