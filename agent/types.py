@@ -120,6 +120,7 @@ class RunRequest(BaseModel):
 class ToolCall(BaseModel):
     """A tool call as the model made it; ``arguments`` is the raw JSON string."""
 
+    model_config = ConfigDict(frozen=True)  # part of a Message
     id: str
     name: str
     arguments: str = ""
@@ -128,7 +129,9 @@ class ToolCall(BaseModel):
 class Message(BaseModel):
     """A chat message in the OpenAI shape, plus ``is_error`` and ``reasoning``."""
 
-    model_config = ConfigDict(cache_strings="keys")  # like RunRequest: histories are read from JSON
+    # Frozen: a history's messages are shared between reads of it (the store's decoded
+    # histories), so a change is always a copy (``model_copy(update=…)``).
+    model_config = ConfigDict(cache_strings="keys", frozen=True)  # cache_strings: as RunRequest
     role: Role
     content: str | None = None
     tool_calls: list[ToolCall] | None = None

@@ -8,8 +8,9 @@ locks and leases and the adapters' key-value space (inbound dedupe is the gatewa
 - ``keys.py``        every key name, in one place.
 - ``owned.py``       keys that hold their owner's token; scripts queued on pipelines.
 - ``locks.py``       leases and the session lock.
-- ``sessions.py``    history, summary and usage per session (scripts in ``session_scripts.py``);
-  ``session_info.py`` what ``/status`` and ``botd sessions`` report from them.
+- ``sessions.py``    history, summary and usage per session (scripts in ``session_scripts.py``),
+  and the decoded histories of recent reads; ``session_info.py`` what ``/status`` and
+  ``botd sessions`` report from them.
 - ``kv.py``          the channel adapters' key-value space.
 - ``seal.py``, ``secret_files.py``  MACs over records botd decided; its generated secrets.
 - ``errors.py``      the store's errors, phrased for the operator.

@@ -5,13 +5,15 @@ usage, timestamps, a version bumped on every history change), an optional compac
 summary, and the ids of recently applied writes. Every write is one Lua script: atomic,
 and applied once even when redis-py retries it. Memory is bounded: at most
 ``max_messages`` are kept (compaction normally keeps far fewer) and an idle session
-expires after ``ttl_s`` (refreshed on every write).
+expires after ``ttl_s`` (refreshed on every write). A history read again is parsed only
+where it changed (``DecodedHistories``).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,13 @@ log = structlog.get_logger(__name__)
 DEFAULT_MAX_MESSAGES = 2000
 DEFAULT_TTL_S = 90 * 86400
 DEFAULT_OPS_BOUND = 128  # small enough for a compact listpack-encoded sorted set
+# The decoded histories kept for the next read of their sessions: about this much memory
+# at most, in at most this many sessions. An entry is reckoned at twice its stored JSON
+# (the text is held twice) plus 512 bytes of objects: what tracemalloc counts for entries
+# of 75 bytes, and a third more than it counts for entries of 800.
+DECODED_MAX_MEMORY = 8 << 20
+DECODED_MAX_SESSIONS = 256
+_DECODED_ENTRY_COST = 512
 
 
 class SessionSnapshot(BaseModel):
@@ -79,6 +88,7 @@ class SessionStore:
         self._usage = client.register_script(session_scripts.RECORD_USAGE)
         self._run_usage = client.register_script(session_scripts.RECORD_RUN)
         self._record_run = client.register_script(session_scripts.RECORD_FINISHED_RUN)
+        self._decoded = DecodedHistories()
 
     async def append(self, session_key: str, run_id: str, messages: Sequence[Message]) -> bool:
         """Append a run's messages, all or nothing. False when this run id was already applied.
@@ -96,7 +106,7 @@ class SessionStore:
     async def history(self, session_key: str) -> list[Message]:
         """All stored messages, oldest first. Unreadable entries are skipped and logged."""
         raw = await self._client.lrange(self._keys.session_messages(session_key), 0, -1)
-        return _decode_all(session_key, raw)
+        return self._decoded.decode(session_key, raw)
 
     async def context(self, session_key: str) -> SessionContext:
         """History, summary and meta, what a run's start needs, in one round trip."""
@@ -124,7 +134,7 @@ class SessionStore:
         def read(replies: list[Any]) -> Callable[[], SessionContext]:
             raw, summary, meta = replies[:3]
             return lambda: SessionContext(
-                messages=_decode_all(session_key, raw),
+                messages=self._decoded.decode(session_key, raw),
                 summary=str(summary) if summary is not None else None,
                 model=str(meta["model"]) if meta.get("model") else None,
                 usage=usage_of(meta),
@@ -178,7 +188,7 @@ class SessionStore:
         pipe.get(self._keys.session_summary(session_key))
         raw, version, summary = await pipe.execute()
         return SessionSnapshot(
-            messages=_decode_all(session_key, raw),
+            messages=self._decoded.decode(session_key, raw),
             stored_count=len(raw),
             version=int(version or 0),
             summary=summary,
@@ -337,12 +347,51 @@ def _encode(message: Message) -> str:
     return message.model_dump_json(exclude_defaults=True)
 
 
-def _decode_all(session_key: str, raw: Sequence[str | bytes]) -> list[Message]:
-    out = []
-    for position, item in enumerate(raw):
-        try:
-            out.append(Message.model_validate_json(item))
-        except ValidationError as exc:
-            log.warning("store.session.unreadable_message", session_key=session_key, position=position,
-                        error=str(exc).splitlines()[0])
-    return out
+class DecodedHistories:
+    """The last read history of recently read sessions, each message decoded beside the
+    stored JSON it came from. A session is read whole at every run's start, and all but
+    the last run's messages are the same bytes as last time: those are not parsed again.
+    Only equal bytes are reused (the same bytes make the same message), so nothing the
+    store says is trusted and nothing needs invalidating; a trimmed or compacted history
+    simply decodes what it no longer shares. Bounded in memory and sessions (LRU)."""
+
+    def __init__(self, max_memory: int = DECODED_MAX_MEMORY, max_sessions: int = DECODED_MAX_SESSIONS) -> None:
+        self._max_memory = max_memory
+        self._max_sessions = max_sessions
+        self._memory = 0
+        # session key -> (stored JSON, its messages; None where it did not decode), their memory
+        self._kept: OrderedDict[str, tuple[list[str | bytes], list[Message | None], int]] = OrderedDict()
+
+    def decode(self, session_key: str, raw: Sequence[str | bytes]) -> list[Message]:
+        """The messages of ``raw``, oldest first; unreadable entries are skipped and logged."""
+        kept = self._kept.pop(session_key, None)
+        if kept is not None:
+            self._memory -= kept[2]
+        seen, known, _ = kept or ((), (), 0)
+        start = _alignment(seen, raw)
+        messages: list[Message | None] = []
+        for position, item in enumerate(raw):
+            at = start + position
+            message = known[at] if at < len(seen) and seen[at] == item else None
+            if message is None:
+                try:
+                    message = Message.model_validate_json(item)
+                except ValidationError as exc:
+                    log.warning("store.session.unreadable_message", session_key=session_key, position=position,
+                                error=str(exc).splitlines()[0])
+            messages.append(message)
+        memory = 2 * sum(map(len, raw)) + _DECODED_ENTRY_COST * len(raw)
+        if raw and memory <= self._max_memory:
+            self._kept[session_key] = (list(raw), messages, memory)
+            self._memory += memory
+            while self._memory > self._max_memory or len(self._kept) > self._max_sessions:
+                self._memory -= self._kept.popitem(last=False)[1][2]
+        return [m for m in messages if m is not None]
+
+
+def _alignment(seen: Sequence[str | bytes], raw: Sequence[str | bytes]) -> int:
+    """Where ``raw`` starts in ``seen``: 0 unless its first entries were trimmed since."""
+    if not seen or not raw or seen[0] == raw[0]:
+        return 0
+    first = raw[0]
+    return next((i for i in range(1, len(seen)) if seen[i] == first), 0)

@@ -376,3 +376,40 @@ async def test_a_run_without_model_calls_records_only_its_messages(
     version = await redis_client.hget(keys.session_meta(SK), "version")
     assert await store.record_run(SK, "run-2", [], []) == (1, 0)
     assert await redis_client.hget(keys.session_meta(SK), "version") == version
+
+
+history_op = st.one_of(
+    st.tuples(st.just("append"), st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=4)),
+    st.tuples(st.just("compact"), st.integers(min_value=0, max_value=3)),
+    st.tuples(st.just("reset"), st.just(0)),
+    st.tuples(st.just("corrupt"), st.just(0)),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(history_op, min_size=1, max_size=12))
+async def test_a_history_read_again_is_what_the_store_holds(
+    redis_client: aioredis.Redis, keys: Keys, ops: list[tuple[str, object]]
+) -> None:
+    """The reading replica keeps the decoded history between reads; another replica appends
+    (trimmed at six messages), compacts, resets and writes entries that do not parse. Each
+    read equals a read by a store that never read this session before."""
+    reader = SessionStore(redis_client, keys, max_messages=6)
+    writer = SessionStore(redis_client, keys, max_messages=6)
+    key = f"agent:main:prop:{uuid.uuid4().hex}"
+    for n, (op, arg) in enumerate(ops):
+        if op == "append":
+            assert isinstance(arg, list)
+            await writer.append(key, f"run-{n}", [Message.user(text) for text in arg])
+        elif op == "compact":
+            assert isinstance(arg, int)
+            snap = await writer.snapshot(key)
+            keep = [Message.system(f"summary {n}"), *snap.messages[len(snap.messages) - arg :]]
+            await writer.replace_after_compaction(key, f"summary {n}", keep, snap.stored_count)
+        elif op == "reset":
+            await writer.reset(key)
+        else:
+            await redis_client.rpush(keys.session_messages(key), "not json")
+        fresh = SessionStore(redis_client, keys)
+        assert await reader.history(key) == await fresh.history(key)
+        assert (await reader.context(key)).messages == (await fresh.context(key)).messages
