@@ -107,12 +107,19 @@ class Bench:
 
 async def warm_up(b: Bench, session: int) -> None:
     """One message, not measured: imports, connections and caches warm up."""
-    mark = mark_of(session, 1)
+    await exchange(b, session, 1)
+
+
+async def exchange(b: Bench, session: int, number: int) -> dict[str, float]:
+    """Send message ``number`` of chat ``session``; wait for its answer and its run's end."""
+    mark = mark_of(session, number)
     runs = b.log.poll()
     fut = b.path.expect(mark)
-    await b.path.send(session, 1)
-    if not await b.answered({mark: fut}) or not await b.settle(runs + 1):
-        raise RuntimeError(f"{b.path.name}: the warm-up message was not answered within {b.reply_timeout_s:g} s")
+    await b.path.send(session, number)
+    got = await b.answered({mark: fut})
+    if not got or not await b.settle(runs + 1):
+        raise RuntimeError(f"{b.path.name}: message {mark} was not answered within {b.reply_timeout_s:g} s")
+    return got
 
 
 async def part_sequential(b: Bench, messages: int, warmup: int) -> dict[str, Any]:
@@ -128,17 +135,11 @@ async def part_sequential(b: Bench, messages: int, warmup: int) -> dict[str, Any
         if i == warmup:
             start = await b.readings()
         session, number = chats[i % len(chats)], i // len(chats) + 1
-        mark = mark_of(session, number)
-        runs = b.log.poll()
         before = tree_cpu(b.path.pid)
-        fut = b.path.expect(mark)
-        await b.path.send(session, number)
-        got = await b.answered({mark: fut})
-        if not got or not await b.settle(runs + 1):
-            raise RuntimeError(f"{b.path.name}: message {mark} was not answered within {b.reply_timeout_s:g} s")
+        got = await exchange(b, session, number)
         if i >= warmup:
             cpu_ms.append((tree_cpu(b.path.pid).exact_s - before.exact_s) * 1000)
-            marks.append(mark)
+            marks.append(mark_of(session, number))
             answers |= got
     assert start is not None
     costs = await b.costs(start, messages)
