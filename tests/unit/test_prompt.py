@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
 
+from agent import prompt_files
 from agent.prompt import DEFAULT_IDENTITY, PromptSpec, build_system_prompt
-from agent.prompt_files import END_MARKER, MAX_FILE_CHARS, neutralize, read_workspace_file
+from agent.prompt_files import END_MARKER, MAX_FILE_CHARS, fenced, neutralize, read_workspace_file
 
 NOW = datetime(2025, 3, 4, 8, 15, 0, tzinfo=UTC)  # a Tuesday
 
@@ -295,3 +297,96 @@ def test_a_symlink_inside_the_workspace_is_still_followed(tmp_path: Path) -> Non
     (tmp_path / "MEMORY.md").symlink_to(tmp_path / "notes" / "real.md")
     assert read_workspace_file(tmp_path, "MEMORY.md").text == "kept inside"
     assert read_workspace_file(tmp_path, "notes/real.md").text == "kept inside"
+
+
+@pytest.fixture
+def trusted(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Files count as settled at once (a test cannot date a file's ctime back)."""
+    monkeypatch.setattr(prompt_files, "SETTLED_NS", 0)
+
+
+@pytest.mark.usefixtures("trusted")
+def test_an_unchanged_file_is_not_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "MEMORY.md").write_text("Ada likes tea.", encoding="utf-8")
+    first = read_workspace_file(tmp_path, "MEMORY.md")
+    opened: list[str] = []
+    real_open = os.open
+
+    def watching(path: str, *args: object, **kwargs: object) -> int:
+        opened.append(str(path))
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", watching)
+    again = read_workspace_file(tmp_path, "MEMORY.md")
+    assert again is first and opened == []
+    assert fenced(again) is fenced(first)
+    assert read_workspace_file(tmp_path, "MEMORY.md", max_chars=5).text == "Ada l"  # another cut: read
+    assert opened == [str(tmp_path / "MEMORY.md")]
+
+
+@pytest.mark.usefixtures("trusted")
+@pytest.mark.parametrize("change", ["rewrite", "same size", "replace", "chmod", "truncate", "delete"])
+def test_a_changed_file_is_read_again(tmp_path: Path, change: str) -> None:
+    memory = tmp_path / "MEMORY.md"
+    memory.write_text("Ada likes tea.", encoding="utf-8")
+    past = time.time_ns() - 60_000_000_000
+    os.utime(memory, ns=(past, past))  # so that any write changes the time
+    assert read_workspace_file(tmp_path, "MEMORY.md").text == "Ada likes tea."
+    expected: str | None = None
+    if change == "rewrite":
+        memory.write_text(expected := "Ada likes coffee now.", encoding="utf-8")
+    elif change == "same size":
+        memory.write_text(expected := "Bob likes tea.", encoding="utf-8")
+    elif change == "replace":
+        (tmp_path / "new.md").write_text(expected := "Ada likes tea!", encoding="utf-8")
+        os.utime(tmp_path / "new.md", ns=(past, past))
+        os.replace(tmp_path / "new.md", memory)
+    elif change == "chmod":
+        memory.chmod(0o000)
+        expected = "Ada likes tea." if os.geteuid() == 0 else None  # root reads it anyway
+    elif change == "truncate":
+        memory.write_text("", encoding="utf-8")
+    else:
+        memory.unlink()
+    assert read_workspace_file(tmp_path, "MEMORY.md").text == expected
+
+
+def test_a_file_changed_just_before_its_read_is_read_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two writes within one tick of the file system's clock can leave the same size and
+    times: a file changed less than two seconds before it was read is not trusted."""
+    memory = tmp_path / "MEMORY.md"
+    memory.write_text("first", encoding="utf-8")
+    assert read_workspace_file(tmp_path, "MEMORY.md").text == "first"
+    as_read = os.lstat(memory)
+    memory.write_text("again", encoding="utf-8")
+    real_lstat = os.lstat
+    monkeypatch.setattr(os, "lstat", lambda path: as_read if str(path) == str(memory) else real_lstat(path))
+    assert read_workspace_file(tmp_path, "MEMORY.md").text == "again"  # the same stat, read anyway
+
+
+@pytest.mark.usefixtures("trusted")
+def test_a_file_turned_into_a_symlink_or_fifo_is_handled_as_one(tmp_path: Path) -> None:
+    memory = tmp_path / "MEMORY.md"
+    memory.write_text("plain", encoding="utf-8")
+    assert read_workspace_file(tmp_path, "MEMORY.md").text == "plain"
+    memory.unlink()
+    outside = tmp_path.parent / f"{tmp_path.name}-outside.md"
+    outside.write_text("secret", encoding="utf-8")
+    try:
+        memory.symlink_to(outside)
+        assert not read_workspace_file(tmp_path, "MEMORY.md").present
+    finally:
+        outside.unlink()
+    memory.unlink()
+    os.mkfifo(memory)
+    assert "not a regular file" in (read_workspace_file(tmp_path, "MEMORY.md").note or "")
+
+
+def test_the_files_read_before_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prompt_files, "SETTLED_NS", 0)
+    monkeypatch.setattr(prompt_files, "_read_before", type(prompt_files._read_before)())
+    for i in range(prompt_files.READ_BEFORE_KEPT + 5):
+        (tmp_path / f"F{i}.md").write_text("x", encoding="utf-8")
+        read_workspace_file(tmp_path, f"F{i}.md")
+    kept = list(prompt_files._read_before)
+    assert len(kept) == prompt_files.READ_BEFORE_KEPT and kept[-1].endswith("F68.md")
