@@ -5,7 +5,9 @@ workspace exactly as botd starts it, or against ``--redis-url``. Each operation 
 sequentially ``--ops`` times (after a warm-up) for p50/p99; ``append (concurrent)``
 runs ``--tasks`` tasks appending to their own sessions at once and reports throughput.
 Memory per session is the server's ``used_memory`` growth divided by the sessions
-created (each with ``--messages`` messages of about 250 characters, plus usage).
+created (each with ``--messages`` messages of about 250 characters, plus usage). This
+process's CPU per command (botd's client against redis-py's own) and per history read
+(parsed whole, and read again with the decoded history kept) close the report.
 
     .venv/bin/python bench/store_ops.py [--ops 2000] [--sessions 500] [--messages 20] [--tasks 50]
 
@@ -32,6 +34,7 @@ from agent.types import Message, ToolCall
 from bot.config import RedisConfig
 from bot.gateway.inbox import Deduper
 from bot.store import RedisHandle, RedisKeyValue, SessionLock, SessionStore, open_redis
+from bot.store.sessions import DecodedHistories
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "bench" / "store_ops.json"
@@ -157,6 +160,29 @@ async def client_cpu_rows(handle: RedisHandle, n: int, rounds: int = 12) -> list
             for (name, what), values in samples.items()]
 
 
+async def history_cpu_rows(handle: RedisHandle, n: int, rounds: int = 12) -> list[dict[str, Any]]:
+    """This process's CPU to read a history of 52 messages (``run_messages``, ~11 KiB) and
+    parse it: whole, by a store that never read it (every read until the fifteenth pass),
+    and again, by the store that read it before (its decoded history kept). Short runs of
+    ``n`` reads taking turns, the median per way."""
+    full = "agent:main:bench:full"
+    whole, kept = SessionStore(handle.client, handle.keys), SessionStore(handle.client, handle.keys)
+    whole._decoded = DecodedHistories(max_memory=0)  # keeps nothing
+    ways: dict[str, Callable[[], Awaitable[Any]]] = {
+        "history read, parsed whole": lambda: whole.history(full),
+        "history read again, kept": lambda: kept.history(full),
+    }
+    samples: dict[str, list[float]] = {}
+    for round_no in range(rounds + 1):  # the first round warms up
+        for what, read in ways.items():
+            cpu = time.process_time()
+            for _ in range(n):
+                await read()
+            if round_no:
+                samples.setdefault(what, []).append((time.process_time() - cpu) / n * 1e6)
+    return [{"operation": what, "cpu_us_per_op": round(statistics.median(values), 1)} for what, values in samples.items()]
+
+
 async def concurrent_row(handle: RedisHandle, tasks: int, per_task: int) -> dict[str, Any]:
     store = SessionStore(handle.client, handle.keys)
 
@@ -212,6 +238,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             rows.append(await concurrent_row(handle, args.tasks, max(1, args.ops // args.tasks)))
             memory = await memory_per_session(handle, args.sessions, args.messages)
             client_cpu = await client_cpu_rows(handle, max(20, args.ops // 4))
+            history_cpu = await history_cpu_rows(handle, max(20, args.ops // 8))
             if args.redis_url and args.flush:
                 await handle.client.flushdb()
         finally:
@@ -225,6 +252,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         "results": rows,
         "memory": memory,
         "client_cpu": client_cpu,
+        "history_cpu": history_cpu,
     }
 
 
@@ -259,6 +287,8 @@ def main() -> None:
     )
     print("client CPU per command (this process): " + "; ".join(
         f"{r['client']} {r['operation']} {r['cpu_us_per_op']} µs" for r in report["client_cpu"]))
+    print("CPU per history read (this process): " + "; ".join(
+        f"{r['operation']} {r['cpu_us_per_op']} µs" for r in report["history_cpu"]))
     report.update(
         {
             "benchmark": "store_ops",
