@@ -34,14 +34,16 @@ Parts (``--parts``, in this order):
   at a time, LLM latency 0; RSS of botd and of its Valkey ``--settle-s`` after the last
   answer, and the store's ``used_memory`` per session. Not on the console (one chat).
 
-The tree's RSS is also read at the end of the other parts. Prints a table and writes
-bench/paths.json.
+The tree's RSS is also read at the end of the other parts. ``--lived-in`` starts each
+botd with the workspace files a workspace in use holds for the system prompt (its
+persona, memory and notes on the user, 12 KB); by default the workspace is empty. Prints
+a table and writes bench/paths.json.
 
     .venv/bin/python bench/paths.py [--paths telegram-polling,slack-socket,...]
         [--parts cpu,lone,idle,burst,load,memory] [--messages 100] [--burst 200]
         [--burst-latency-ms 0,500] [--sessions 1000] [--session-messages 5]
         [--load-latency-ms 500] [--idle-s 20] [--memory-sessions 10000]
-        [--memory-in-flight 100] [--settle-s 3] [--quick]
+        [--memory-in-flight 100] [--settle-s 3] [--lived-in] [--quick]
 """
 
 from __future__ import annotations
@@ -136,6 +138,8 @@ async def measured(name: str, args: argparse.Namespace, llm: Any, http: aiohttp.
     """One botd on ``name``, warmed up, with what reads it; its log's events go to ``result``."""
     await asyncio.to_thread(workdir.mkdir)
     config = base_config(workdir / "ws", llm, args.max_concurrent_runs, args.debounce_ms)
+    if args.lived_in:
+        await asyncio.to_thread(lived_in, workdir / "ws")
     async with http.post(f"{llm.root}/_fake/reset") as resp:
         resp.raise_for_status()
     dropped = DROPPED.count
@@ -156,6 +160,18 @@ async def measured(name: str, args: argparse.Namespace, llm: Any, http: aiohttp.
         shutil.copyfile(log_path, args.log_dir / f"{workdir.name}.log")
 
 
+# What a workspace in use holds for the system prompt (--lived-in): its persona, its
+# memory and notes about the user, of these sizes.
+LIVED_IN_FILES = {"IDENTITY.md": 1_000, "SOUL.md": 2_000, "MEMORY.md": 8_000, "USER.md": 1_000}
+
+
+def lived_in(workspace: Path) -> None:
+    workspace.mkdir()
+    line = "- a note the assistant keeps, one line of several in this file\n"
+    for name, size in LIVED_IN_FILES.items():
+        (workspace / name).write_text((line * (size // len(line) + 1))[:size], encoding="utf-8")
+
+
 def show(name: str, part: str, r: dict[str, Any]) -> None:
     keep = {k: v for k, v in r.items() if not isinstance(v, dict | list)}  # the rest is in the JSON
     print(f"{name} {part}: {keep}", flush=True)
@@ -164,7 +180,8 @@ def show(name: str, part: str, r: dict[str, Any]) -> None:
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = report_header("paths", "bench/paths.py")
     report["config"] = {"max_concurrent_runs": args.max_concurrent_runs,
-                        "debounce_ms": "botd's default" if args.debounce_ms is None else args.debounce_ms}
+                        "debounce_ms": "botd's default" if args.debounce_ms is None else args.debounce_ms,
+                        "workspace_files": LIVED_IN_FILES if args.lived_in else {}}
     report["paths"] = {}
     with temp_workspace("botd-paths-") as tmp:
         async with fake_llm_subprocess(0) as llm, aiohttp.ClientSession(
@@ -274,6 +291,8 @@ def main() -> None:
     parser.add_argument("--settle-s", type=float, default=3.0, help="quiet seconds before the memory reading")
     parser.add_argument("--max-concurrent-runs", type=int, default=2000, help="gateway.max_concurrent_runs")
     parser.add_argument("--debounce-ms", type=int, default=None, help="queue.debounce_ms (default: botd's own)")
+    parser.add_argument("--lived-in", action="store_true",
+                        help="the workspace holds IDENTITY.md, SOUL.md, MEMORY.md and USER.md (12 KB)")
     parser.add_argument("--reply-timeout", type=float, default=180.0, help="seconds to wait for one answer")
     parser.add_argument("--redeliver-s", type=float, default=1.0,
                         help="Slack: seconds before an event botd refused is delivered again (Slack: minutes)")
