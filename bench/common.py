@@ -292,6 +292,19 @@ async def cpu_per_call(
             for name, v in samples.items()}
 
 
+# What a workspace in use holds for the system prompt (``--lived-in``): its persona, its
+# memory and notes about the user, of these sizes in bytes.
+LIVED_IN_FILES = {"IDENTITY.md": 1_000, "SOUL.md": 2_000, "MEMORY.md": 8_000, "USER.md": 1_000}
+
+
+def lived_in(workspace: Path) -> None:
+    """Write :data:`LIVED_IN_FILES` into ``workspace`` (made if missing)."""
+    workspace.mkdir(parents=True, exist_ok=True)
+    line = "- a note the assistant keeps, one line of several in this file\n"
+    for name, size in LIVED_IN_FILES.items():
+        (workspace / name).write_text((line * (size // len(line) + 1))[:size], encoding="utf-8")
+
+
 @contextlib.contextmanager
 def temp_workspace(prefix: str = "botd-bench-") -> Any:
     """A temporary directory for a workspace (and the embedded Valkey it starts).

@@ -4,7 +4,8 @@ A whole daemon runs in this process (``bot.daemon.Daemon``: the real gateway, in
 locks, agent loop, tools registry and ``openai`` client; no HTTP server, no
 scheduler) with the in-process ``RecordingChannel`` as its only channel, a real Redis
 (the embedded Valkey in a temporary workspace, or ``--redis-url``/``REDIS_URL``) and
-the fake OpenAI server in a subprocess (its CPU is not charged to this process). Logs
+the fake OpenAI server in a subprocess (its CPU is not charged to this process); with
+``--lived-in`` the workspace holds the prompt's files as one in use does (12 KB). Logs
 are written at ``--log-level`` as JSON lines to a file, as ``botd run`` writes them to
 stderr. ``queue.debounce_ms`` is 0 and ``gateway.max_concurrent_runs`` 2000
 (``--max-concurrent-runs``).
@@ -35,7 +36,7 @@ Parts (in this order, all in one daemon):
 
     .venv/bin/python bench/gateway.py [--sessions 1000] [--messages 5] [--latency-ms 500,0]
         [--overhead-messages 300] [--memory-sessions 10000] [--stop-trials 50]
-        [--max-concurrent-runs 2000] [--parts overhead,memory,concurrency,stop] [--quick]
+        [--max-concurrent-runs 2000] [--parts overhead,memory,concurrency,stop] [--lived-in] [--quick]
 
 A worker still busy 60 s after the last reply of the concurrency part is reported
 (count in the JSON, its await chain on stderr) instead of being waited for.
@@ -64,9 +65,11 @@ import aiohttp  # noqa: E402
 
 from agent.llm import LLMClient  # noqa: E402
 from bench.common import (  # noqa: E402
+    LIVED_IN_FILES,
     child_pid,
     cpu_seconds,
     fake_llm_subprocess,
+    lived_in,
     mib,
     redis_url_from_env,
     report_header,
@@ -118,6 +121,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         async with fake_llm_subprocess(0) as fake, aiohttp.ClientSession() as http:
             cfg = make_config(tmp / "workspace", fake.base_url, redis_url, prefix, args.max_concurrent_runs,
                               args.debounce_ms)
+            if args.lived_in:
+                lived_in(tmp / "workspace")
+            report["workspace_files"] = LIVED_IN_FILES if args.lived_in else {}
             model = TimedModel(LLMClient(model="gpt-4o-mini", base_url=fake.base_url, api_key="bench-key"))
             channel = BenchChannel()
             daemon = Daemon(cfg, channels={CHANNEL: channel}, model=model, with_http=False, with_scheduler=False)
@@ -255,6 +261,8 @@ def main() -> None:
     parser.add_argument("--redis-url", default=None, help="default: $REDIS_URL, else the embedded Valkey")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-file", type=Path, default=None, help="keep the daemon's log here (default: discarded)")
+    parser.add_argument("--lived-in", action="store_true",
+                        help="the workspace holds IDENTITY.md, SOUL.md, MEMORY.md and USER.md (12 KB)")
     parser.add_argument("--quick", action="store_true", help="small sizes, for a sanity run")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     args = parser.parse_args()

@@ -56,6 +56,10 @@ def _store_client(r: dict[str, Any]) -> str:
                      f"({theirs} {_fmt(rows[op + ', ' + theirs]['us_per_call'], 0)})" for op in ops)
 
 
+def _prompt(r: dict[str, Any]) -> str:
+    return "; ".join(f"{name} {_fmt(row['cpu_us_per_prompt'], 0)} µs" for name, row in r["results"].items())
+
+
 def _floor(r: dict[str, Any]) -> str:
     *steps, (_, whole) = r["results"].items()
     return (f"a message's library calls alone {_fmt(whole['total_cpu_ms'])} ms of CPU (steps apart "
@@ -145,6 +149,7 @@ SUMMARIZERS: dict[str, Callable[[dict[str, Any]], str]] = {
     "llm_request": _llm_request,
     "store_client": _store_client,
     "floor": _floor,
+    "prompt": _prompt,
     "gateway": _gateway,
     "slack": _slack,
     "replicas": _replicas,

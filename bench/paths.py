@@ -65,7 +65,16 @@ if str(ROOT) not in sys.path:
 
 import aiohttp  # noqa: E402
 
-from bench.common import fake_llm_subprocess, mib, report_header, table, temp_workspace, write_json  # noqa: E402
+from bench.common import (  # noqa: E402
+    LIVED_IN_FILES,
+    fake_llm_subprocess,
+    lived_in,
+    mib,
+    report_header,
+    table,
+    temp_workspace,
+    write_json,
+)
 from bench.paths_parts import (  # noqa: E402
     SEQUENTIAL_CHATS,
     Bench,
@@ -158,18 +167,6 @@ async def measured(name: str, args: argparse.Namespace, llm: Any, http: aiohttp.
     if args.log_dir is not None:
         args.log_dir.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(log_path, args.log_dir / f"{workdir.name}.log")
-
-
-# What a workspace in use holds for the system prompt (--lived-in): its persona, its
-# memory and notes about the user, of these sizes.
-LIVED_IN_FILES = {"IDENTITY.md": 1_000, "SOUL.md": 2_000, "MEMORY.md": 8_000, "USER.md": 1_000}
-
-
-def lived_in(workspace: Path) -> None:
-    workspace.mkdir()
-    line = "- a note the assistant keeps, one line of several in this file\n"
-    for name, size in LIVED_IN_FILES.items():
-        (workspace / name).write_text((line * (size // len(line) + 1))[:size], encoding="utf-8")
 
 
 def show(name: str, part: str, r: dict[str, Any]) -> None:

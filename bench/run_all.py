@@ -50,6 +50,7 @@ QUICK_ARGS: dict[str, list[str]] = {
     "attachments": ["--samples", "5"],
     "paths": ["--quick"],
     "floor": ["--messages", "100", "--rounds", "1"],
+    "prompt": ["--prompts", "200", "--rounds", "1"],
 }
 
 
