@@ -35,11 +35,15 @@ WEBHOOK_PATH = "/telegram"
 WEBHOOK_SECRET = "e2e-webhook-secret"
 
 
-async def eventually(predicate: Callable[[], bool], within: float = 10.0, what: str = "condition") -> None:
+async def eventually(
+    predicate: Callable[[], bool], within: float = 10.0, what: str | Callable[[], str] = "condition"
+) -> None:
+    """Wait for ``predicate``; ``what`` names it in the failure, and as a callable is asked
+    only then (a daemon's log read at the timeout, not at the start of the wait)."""
     deadline = time.monotonic() + within
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {within:g} s waiting for {what}")
+            raise AssertionError(f"timed out after {within:g} s waiting for {what() if callable(what) else what}")
         await asyncio.sleep(0.05)
 
 

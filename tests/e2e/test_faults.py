@@ -245,7 +245,7 @@ async def test_broken_or_slow_stream_is_reported_without_a_crash(rig: Rig, name:
     started = time.monotonic()
     await rig.telegram(user, f"ss{name} {mark} tell me")
     await eventually(lambda: any(FAILURE in t for t in telegram_texts(rig.tg, user)), REQUEST_TIMEOUT_S + 10,
-                     f"the failure notice\n{rig.bot.log()[-3000:]}")
+                     lambda: f"the failure notice\n{rig.bot.log()[-3000:]}")
     elapsed = time.monotonic() - started
     await asyncio.sleep(0.3)
     [notice] = telegram_texts(rig.tg, user)  # the partial preview, if any, is gone
@@ -297,7 +297,7 @@ async def test_telegram_down_is_retried_boundedly_while_slack_keeps_being_served
     # Telegram is back: the failed reply is delivered by the redelivery worker (once),
     # and the next message is answered.
     await eventually(lambda: count_mark(telegram_texts(rig.tg, user), "mkdown1") == 1, 20,
-                     f"the redelivered answer\n{rig.bot.log()[-3000:]}")
+                     lambda: f"the redelivered answer\n{rig.bot.log()[-3000:]}")
     await rig.telegram(user, "ssdown mkdown2 hello again")
     await eventually(lambda: count_mark(telegram_texts(rig.tg, user), "mkdown2") == 1, 10, "the next answer")
     await asyncio.sleep(0.5)
@@ -341,10 +341,13 @@ async def test_redis_restart_under_load_loses_and_repeats_nothing(rig: Rig) -> N
     accepted: list[str] = []
     refused = 0
     stop_sending = asyncio.Event()
+    update_ids: dict[str, str] = {}  # mark -> update id, to find a lost message in the log
+    event_ids: dict[str, str] = {}
 
     async def send_until_accepted(user: int, mark: str) -> None:
         nonlocal refused
         update = telegram_dm_update(rig.tg, user, f"ssload{user} {mark} count this")
+        update_ids[mark] = str(update["update_id"])
         while True:  # Telegram redelivers the same update until it gets a 2xx
             try:
                 status = await post_telegram(rig.http, rig.bot.url, update)
@@ -365,6 +368,7 @@ async def test_redis_restart_under_load_loses_and_repeats_nothing(rig: Rig) -> N
         body and event_id, with X-Slack-Retry-Num counting up."""
         nonlocal slack_refused
         body = slack_dm_body(rig.slack, user, f"ssload{user.lower()} {mark} count this")
+        event_ids[mark] = str(body.get("event_id"))
         for attempt in range(1000):
             raw, headers = signed_json(body, rig.slack.signing_secret)
             if attempt:
@@ -416,10 +420,15 @@ async def test_redis_restart_under_load_loses_and_repeats_nothing(rig: Rig) -> N
     assert refused > 0, "the outage never refused a webhook (was Redis really down?)"
     assert set(slack_accepted) == {f"mksl{n}" for n in range(len(slack_accepted))}, "a Slack event was never accepted"
     assert slack_refused > 0, "the outage never refused a Slack event"
+    def unanswered(texts: list[str], marks: list[str], ids: dict[str, str]) -> str:
+        missing = [m for m in marks if count_mark(texts, m) < 1]
+        return (f"answers to {len(missing)} accepted message(s): {[(m, ids.get(m)) for m in missing[:20]]}\n"
+                f"{rig.bot.log()[-6000:]}")
+
     await eventually(lambda: all(count_mark(telegram_texts(rig.tg), m) >= 1 for m in accepted), LOCK_TTL_S + 25,
-                     f"answers to every accepted message\n{rig.bot.log()[-4000:]}")
+                     lambda: unanswered(telegram_texts(rig.tg), accepted, update_ids))
     await eventually(lambda: all(count_mark(slack_texts(rig.slack), m) >= 1 for m in slack_accepted), 15,
-                     f"answers to every accepted Slack event\n{rig.bot.log()[-4000:]}")
+                     lambda: unanswered(slack_texts(rig.slack), slack_accepted, event_ids))
     await asyncio.sleep(2.0)
     texts = telegram_texts(rig.tg)
     counts = {m: count_mark(texts, m) for m in accepted}
