@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -59,7 +60,7 @@ async def measure(prompts: int, rounds: int) -> dict[str, dict[str, Any]]:
         cfg = configs["empty"]
         tools = ToolRegistry(declared_tools(cfg, tool_settings(cfg)))  # the default tools, as botd declares them
         memory = (full / "MEMORY.md").read_text(encoding="utf-8")
-        turn = iter(range(10**9))
+        turn = itertools.count()
 
         def build(name: str) -> Callable[[], Awaitable[str]]:
             async def call() -> str:

@@ -382,8 +382,8 @@ def test_a_file_turned_into_a_symlink_or_fifo_is_handled_as_one(tmp_path: Path) 
     assert "not a regular file" in (read_workspace_file(tmp_path, "MEMORY.md").note or "")
 
 
+@pytest.mark.usefixtures("trusted")
 def test_the_files_read_before_are_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(prompt_files, "SETTLED_NS", 0)
     monkeypatch.setattr(prompt_files, "_read_before", type(prompt_files._read_before)())
     for i in range(prompt_files.READ_BEFORE_KEPT + 5):
         (tmp_path / f"F{i}.md").write_text("x", encoding="utf-8")
