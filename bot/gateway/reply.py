@@ -5,11 +5,16 @@ preview must be at least as careful while the text is incomplete: a reply that i
 may still become, NO_REPLY / HEARTBEAT_OK shows nothing, and an unclosed thinking block
 or a half-written tag is cut off.
 
-Idempotent delivery: each reply part (and each file ``send_file`` sends) is claimed in Redis (``HSETNX``) before the send and
-marked sent after it, so a retried run never sends a part twice. A replica dying between
-claim and send loses that part rather than duplicating it: parts are at-most-once, which
-is what a chat reader prefers. Whole results are stored before delivery, so a retried run
-re-delivers the same text instead of asking the model again.
+Idempotent delivery: each reply part (and each file ``send_file`` sends) is claimed in
+Redis before the send and marked sent after it, so a retried run never sends a part twice.
+A replica dying between claim and send loses that part rather than duplicating it: parts
+are at-most-once, which is what a chat reader prefers. Whole results are stored before
+delivery, so a retried run re-delivers the same text instead of asking the model again.
+
+A claim the store applied but whose reply was lost (it stopped, or the connection
+dropped, before answering) is not a part lost: the claim holds a token, redis-py's retry
+of the same step reads it as ours, and a claim that failed so keeps its token in this
+process, for the run's resume to claim the part again (nothing was sent for it).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +35,7 @@ from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sani
 from agent.types import DeliveryStatus, RunKind, RunResult
 from bot import metrics
 from bot.store.keys import Keys
-from bot.store.owned import RideAlong, execute_with
+from bot.store.owned import RideAlong, execute_with, queue_script, shared_script
 from channels.base import ChannelAdapter, ReplyStream, Target, ToolActivity
 
 if TYPE_CHECKING:
@@ -37,12 +44,34 @@ if TYPE_CHECKING:
 log = structlog.get_logger(__name__)
 
 _TTL_S = 7 * 24 * 3600
+SENDING = "sending:"
+# Claims whose outcome this process does not know, kept for a retry; each is one part of
+# a run that failed on the store, so a few hundred cover a long outage of a busy daemon.
+IN_DOUBT_KEPT = 1024
+
+# Claim part ARGV[1] for the token ARGV[2] ('sending:<token>'): 1 when it was free or
+# already holds that token (a retry of a claim whose reply was lost), else 0.
+_CLAIM = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+if not held then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  return 1
+end
+if held == ARGV[2] then
+  return 1
+end
+return 0
+"""
 
 
 class DeliveryLedger:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self._r = client
         self._keys = Keys(prefix)
+        self._claim = shared_script(client, _CLAIM)
+        # (run id, part) -> the token of a claim that raised: nothing was sent for it.
+        self._in_doubt: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def _parts(self, run_id: str) -> str:
         return self._keys.delivery(run_id)
@@ -55,15 +84,25 @@ class DeliveryLedger:
     ) -> bool:
         """True exactly once per ``(run_id, part)``, across replicas and retries. With
         ``result``, :meth:`save_result` in the same step (before anything is sent); with
-        ``also``, those writes in the same round trip too."""
-        key = self._parts(run_id)
+        ``also``, those writes in the same round trip too.
+
+        When it raises, the claim may hold on the server all the same; its token is kept,
+        so this process's next claim of the part (the run's resume) takes it over."""
+        doubt = (run_id, part)
+        token = self._in_doubt.pop(doubt, None) or uuid.uuid4().hex
         pipe = self._r.pipeline(transaction=True)
         if result is not None:
             pipe.set(self._result(run_id), _result_json(result), ex=_TTL_S)
-        pipe.hsetnx(key, part, "sending")
+        queue_script(pipe, self._claim, [self._parts(run_id)], [part, SENDING + token, _TTL_S])
         claimed = len(pipe) - 1
-        pipe.expire(key, _TTL_S)
-        return bool((await execute_with(pipe, also))[claimed])
+        try:
+            replies = await execute_with(pipe, also)
+        except BaseException:
+            self._in_doubt[doubt] = token
+            if len(self._in_doubt) > IN_DOUBT_KEPT:
+                self._in_doubt.popitem(last=False)
+            raise
+        return bool(replies[claimed])
 
     async def release(self, run_id: str, part: str) -> None:
         """Forget a claim whose send surely did not happen, so it may be claimed again."""
