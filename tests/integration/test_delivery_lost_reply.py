@@ -22,32 +22,12 @@ from bot.gateway import reply
 from bot.gateway.reply import SENDING, DeliveryLedger
 from bot.store.connection import RETRIES, create_client
 from bot.store.pool import LeanPipeline
+from tests.fakes.lost_replies import LostReplies
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.integration.gateway_harness import request_texts, roles, running_daemon
 
 
-class LostClaimReplies:
-    """The next ``times`` transactions that touch a delivery key (only claims do) are
-    applied by the server; then the connection drops before their reply is read."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, times: int) -> None:
-        self.left = times
-        self.lost = 0
-        original = LeanPipeline._transaction
-
-        async def transaction(pipe: LeanPipeline, conn: Any, commands: Any, raise_on_error: bool) -> list[Any]:
-            replies: list[Any] = await original(pipe, conn, commands, raise_on_error)
-            if self.left and any(":delivery:" in str(arg) for args, _ in commands for arg in args):
-                self.left -= 1
-                self.lost += 1
-                await conn.disconnect()
-                raise RedisConnectionError("Connection closed by server.")
-            return replies
-
-        monkeypatch.setattr(LeanPipeline, "_transaction", transaction)
-
-
-async def _answered_once(tmp_path: Path, redis_url: str, redis_prefix: str, lost: LostClaimReplies) -> None:
+async def _answered_once(tmp_path: Path, redis_url: str, redis_prefix: str, lost: LostReplies) -> None:
     async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
         fake.script(Reply.text("the answer that must arrive"))
         await bot.send("a question")
@@ -70,14 +50,14 @@ async def test_a_claim_retried_by_the_client_after_a_lost_reply_is_still_ours(
     tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # One lost reply: redis-py sends the transaction again at once, to a server that applied it.
-    await _answered_once(tmp_path, redis_url, redis_prefix, LostClaimReplies(monkeypatch, 1))
+    await _answered_once(tmp_path, redis_url, redis_prefix, LostReplies(monkeypatch, ":delivery:", 1))
 
 
 async def test_a_claim_lost_to_an_outage_is_taken_again_when_the_run_resumes(
     tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Every try fails as the store goes away: the run ends on a store error and is resumed.
-    await _answered_once(tmp_path, redis_url, redis_prefix, LostClaimReplies(monkeypatch, RETRIES + 1))
+    await _answered_once(tmp_path, redis_url, redis_prefix, LostReplies(monkeypatch, ":delivery:", RETRIES + 1))
 
 
 # ---- the ledger alone ----------------------------------------------------------------
@@ -105,7 +85,7 @@ async def test_a_claim_in_doubt_is_taken_over_once_and_by_its_own_process_only(
     client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     mine, other = DeliveryLedger(client, redis_prefix), DeliveryLedger(client, redis_prefix)
-    LostClaimReplies(monkeypatch, RETRIES + 1)
+    LostReplies(monkeypatch, ":delivery:", RETRIES + 1)
     with pytest.raises(RedisConnectionError):
         await mine.claim("run-b", "0")
     held = (await mine.states("run-b"))["0"]
@@ -137,7 +117,7 @@ async def test_claims_in_doubt_are_bounded(redis_url: str, redis_prefix: str, mo
     monkeypatch.setattr(reply, "IN_DOUBT_KEPT", 3)
     once = create_client(redis_url, retry=Retry(NoBackoff(), 0))  # each lost reply raises at once
     ledger = DeliveryLedger(once, redis_prefix)
-    LostClaimReplies(monkeypatch, 5)
+    LostReplies(monkeypatch, ":delivery:", 5)
     for n in range(5):
         with pytest.raises(RedisConnectionError):
             await ledger.claim(f"run-{n}", "0")
