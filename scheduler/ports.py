@@ -105,8 +105,13 @@ class CronKeys(Protocol):
 
 
 class OwnedKeys(Protocol):
-    """Owner-checked deletes (the daemon's ``bot.store.owned.OwnedKeys``), so the scheduler
-    uses the store's one compare-and-delete script instead of a copy of it."""
+    """Owner-checked takes and deletes (the daemon's ``bot.store.owned.OwnedKeys``), so
+    the scheduler uses the store's compare-and-set scripts instead of copies of them."""
+
+    async def acquire(self, key: str, token: str, ttl_s: float) -> bool:
+        """Set ``key`` to ``token`` for ``ttl_s`` unless another token holds it: a request
+        sent again after its reply was lost still reads as taken."""
+        ...
 
     async def delete_if_owner(self, key: str, token: str) -> bool:
         """Delete ``key`` if it still holds ``token``; True when it was deleted."""

@@ -9,7 +9,7 @@ Keys (all under the configured prefix):
   publishes a change, so each replica's scheduler adds, reschedules or removes the job
   without a restart;
 * ``<prefix>:fire:<job_id>:<fire_time>`` — the claim of one fire. Every replica
-  schedules every job; when a fire comes due each replica tries ``SET NX`` on it (the
+  schedules every job; when a fire comes due each replica tries to set it if absent (the
   *scheduled* time in ISO UTC, not the wall clock, so all replicas race for the same
   key) and only the winner runs it. Claims expire after ``ttl_s`` (7 days by default);
 * ``<prefix>:cron:last_fire`` — hash job id -> ISO time, only moving forward: the
@@ -84,8 +84,9 @@ class FireClaims:
         return self._keys.cron_last_fire()
 
     async def claim(self, job_id: str, fire_time: datetime, owner: str) -> bool:
-        """True for exactly one caller per (job, scheduled time)."""
-        return bool(await self._redis.set(self.fire_key(job_id, fire_time), owner, nx=True, ex=self._ttl_s))
+        """True for exactly one caller per (job, scheduled time). Each call holds a token of
+        its own: a retry of it after a lost reply is still its claim, another call is not."""
+        return await self._owned.acquire(self.fire_key(job_id, fire_time), f"{owner}:{uuid.uuid4().hex}", self._ttl_s)
 
     async def note_fire(self, job_id: str, fire_time: datetime) -> None:
         """Record ``fire_time`` as the job's last fire unless a later one is recorded."""
@@ -113,8 +114,7 @@ class FireClaims:
     async def acquire_running(self, job_id: str, ttl_s: float) -> str | None:
         """A token while no other run of the job is in progress anywhere, else None."""
         token = uuid.uuid4().hex
-        ok = await self._redis.set(self.running_key(job_id), token, nx=True, ex=max(1, int(ttl_s)))
-        return token if ok else None
+        return token if await self._owned.acquire(self.running_key(job_id), token, max(1, int(ttl_s))) else None
 
     async def release_running(self, job_id: str, token: str) -> None:
         await self._owned.delete_if_owner(self.running_key(job_id), token)

@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from bot.store.connection import create_client
 from bot.store.keys import Keys
 from bot.store.owned import OwnedKeys
 from scheduler.jobs import CorruptJobError, CronJob, DuplicateJobError, RunRecord
 from scheduler.ports import JobTarget
 from scheduler.schedules import parse_every
 from scheduler.store import LEDGER_SIZE, FireClaims, JobStore, RunLedger
+from tests.fakes.lost_replies import LostReplies
 
 NOW = datetime(2027, 5, 3, 8, 0, tzinfo=UTC)
 
@@ -187,6 +189,27 @@ async def test_running_marker_belongs_to_its_holder(redis_client: aioredis.Redis
     assert await claims.acquire_running("daily", 30) is None
     await claims.release_running("daily", token)
     assert await claims.acquire_running("daily", 30) is not None
+
+
+async def test_claims_retried_after_a_lost_reply_are_still_ours(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store applies the claim and its reply is lost: redis-py sends it again. The fire
+    # (or the running marker) is then held by this very call, which must still run it.
+    client = create_client(redis_url)
+    try:
+        claims = FireClaims(client, Keys(redis_prefix), OwnedKeys(client))
+        LostReplies(monkeypatch, ":fire:", 1)
+        assert await claims.claim("daily", NOW, "a"), "the fire would run nowhere"
+        assert not await claims.claim("daily", NOW, "a"), "a second claim, even by the same owner, loses"
+        LostReplies(monkeypatch, ":cron:running:", 1)
+        token = await claims.acquire_running("daily", 30)
+        assert token is not None, "the run would be skipped as overlapping itself"
+        assert await claims.acquire_running("daily", 30) is None
+        await claims.release_running("daily", token)
+        assert await claims.acquire_running("daily", 30) is not None
+    finally:
+        await client.aclose()
 
 
 async def test_works_with_a_client_that_does_not_decode(redis_url: str, redis_prefix: str) -> None:
