@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 
 from bot.gateway.inbox import Deduper
 from bot.store.keys import Keys
+from bot.store.owned import OwnedKeys
 from channels.base import ChannelAdapter, Target
 
 log = structlog.get_logger(__name__)
@@ -105,6 +106,9 @@ class PairingStore:
         self._r = client
         self._keys = keys
         self._clock = clock
+        # Set-if-absent that reads as made when it already holds the same value: redis-py
+        # sends a write again when its reply was lost, and the retry must not be a collision.
+        self._owned = OwnedKeys(client)
 
     # ---- the stranger's side ----------------------------------------------------------
 
@@ -144,9 +148,9 @@ class PairingStore:
         ttl = int(CODE_TTL_S) + GC_MARGIN_S
         # The record is written before the user's claim, so a claim always points at a
         # record; of two DMs racing on two replicas one claim wins and both repeat its code.
-        if not await self._r.set(self._keys.pairing_code(request.code), request.model_dump_json(), ex=ttl, nx=True):
+        if not await self._owned.acquire(self._keys.pairing_code(request.code), request.model_dump_json(), ttl):
             return None  # a collision in 31^8 codes: stay silent this once
-        if not await self._r.set(self._keys.pairing_user(channel, user_id), request.code, ex=ttl, nx=True):
+        if not await self._owned.acquire(self._keys.pairing_user(channel, user_id), request.code, ttl):
             await self._r.delete(self._keys.pairing_code(request.code))
             winner = await self._r.get(self._keys.pairing_user(channel, user_id))
             return await self._load(str(winner)) if winner and winner != DENIED else None
@@ -274,6 +278,7 @@ class ApprovalNotices:
         self._r = client
         self._keys = keys
         self._adapters = adapters
+        self._owned = OwnedKeys(client)
 
     async def publish(self, request: PairingRequest) -> int:
         """Returns how many daemons heard it (0: nobody will tell the user)."""
@@ -284,7 +289,8 @@ class ApprovalNotices:
         adapter = self._adapters.get(request.channel)
         if adapter is None:
             return
-        if not await self._r.set(self._keys.pairing_notified(request.code), "1", ex=86400, nx=True):
+        # A token of this call's own: another replica's claim is not ours, a retry of ours is.
+        if not await self._owned.acquire(self._keys.pairing_notified(request.code), secrets.token_hex(8), 86400):
             return
         try:
             await adapter.send_text(Target(request.channel, request.chat_id, user_id=request.user_id), APPROVED_TEXT)
