@@ -17,10 +17,12 @@ redeliver (Slack retries unanswered events, a restarted poller may see an update
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
+import secrets
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -47,12 +49,20 @@ end
 return dropped
 """
 
+# KEYS[3] counts what this take moved (for ARGV[2] ms): sent again after its reply was
+# lost, the take hands over the running list's tail it moved, rather than the inbox it
+# emptied (whose messages would then be lost). Only the lock holder adds to that list.
 _TAKE = """
+local moved = tonumber(redis.call('GET', KEYS[3]) or '0')
+if moved > 0 then
+  return redis.call('LRANGE', KEYS[2], -moved, -1)
+end
 local items = redis.call('LRANGE', KEYS[1], 0, -1)
 if #items > 0 then
-  for i = 1, #items do redis.call('RPUSH', KEYS[2], items[i]) end
+  redis.call('RPUSH', KEYS[2], unpack(items))
   redis.call('DEL', KEYS[1])
   redis.call('PEXPIRE', KEYS[2], ARGV[1])
+  redis.call('SET', KEYS[3], #items, 'PX', ARGV[2])
 end
 return items
 """
@@ -97,6 +107,8 @@ return 0
 """
 
 _KEEP_MS = 7 * 24 * 3600 * 1000
+# How long a take's record outlives it: longer than redis-py's retries of one request.
+TAKEN_KEEP_MS = 120_000
 
 DEDUPE_TTL_S = 86400.0
 # A command's mark while it is being handled: longer than the slowest command (/new waits
@@ -174,6 +186,7 @@ class Inbox:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self._r = client
         self._keys = Keys(prefix)
+        self._take_ids = _op_ids()
         self._enqueue = client.register_script(_ENQUEUE)
         self._take = client.register_script(_TAKE)
         self._claim = client.register_script(_CLAIM)
@@ -238,7 +251,11 @@ class Inbox:
 
     async def take(self, session_key: str) -> list[RunRequest]:
         """Move everything waiting into the running list and return it (oldest first)."""
-        return taken(await self._take(keys=[self._inbox(session_key), self._running(session_key)], args=[_KEEP_MS]))
+        return taken(await self._take(keys=self._take_keys(session_key), args=[_KEEP_MS, TAKEN_KEEP_MS]))
+
+    def _take_keys(self, session_key: str) -> list[str]:
+        """The take script's keys; the last one is this take's own."""
+        return [self._inbox(session_key), self._running(session_key), self._keys.taken(next(self._take_ids))]
 
     async def claim(self, session_key: str) -> Claim:
         """The batch to run next: the running batch a previous holder never finished
@@ -266,7 +283,7 @@ class Inbox:
 
     def queue_take(self, pipe: Pipeline, session_key: str) -> None:
         """:meth:`take` queued on ``pipe``; read its reply with :func:`taken`."""
-        queue_script(pipe, self._take, [self._inbox(session_key), self._running(session_key)], [_KEEP_MS])
+        queue_script(pipe, self._take, self._take_keys(session_key), [_KEEP_MS, TAKEN_KEEP_MS])
 
     async def running(self, session_key: str) -> list[RunRequest]:
         """Work a previous holder took but never finished (it died or lost its lock)."""
@@ -330,6 +347,12 @@ class Inbox:
         pipe.zcard(self._pending)
         keys, depth = await pipe.execute()
         return [str(k) for k in keys], int(depth)
+
+
+def _op_ids() -> Iterator[str]:
+    """Ids unique to each request of this process (a random prefix, then a count)."""
+    prefix = secrets.token_hex(8)
+    return (f"{prefix}:{n}" for n in itertools.count())
 
 
 def _enqueued(raw: Sequence[str | bytes] | None) -> EnqueueResult:

@@ -85,6 +85,11 @@ class Keys:
         """Sorted set of sessions with work, scored by when the work arrived."""
         return self.key("pending")
 
+    def taken(self, op_id: str) -> str:
+        """How many messages one take moved into a running list, for two minutes: the same
+        take sent again (its reply lost) hands those over instead of moving nothing."""
+        return self.key("taken", op_id)
+
     def attempts(self, run_id: str) -> str:
         return self.key("attempts", run_id)
 
