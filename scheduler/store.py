@@ -21,7 +21,9 @@ Keys (all under the configured prefix):
 * ``<prefix>:cron:run_now`` — ``botd cron run-now ID`` against a running daemon. The
   CLI appends a request and publishes ``{"op": "run_now"}``; every replica's scheduler
   drains the list with ``LPOP`` when it hears that (and at every periodic resync, in
-  case the message was missed), so each request goes to exactly one replica. The run
+  case the message was missed), so each request goes to exactly one replica (each pop
+  is kept two minutes under ``<prefix>:cron:run_now:taken:<id>``, so that a pop sent
+  again after a lost reply hands over what it took). The run
   lands in the ledger with ``trigger = "run_now"`` and the request id, which is how the
   CLI waits for the result. A request older than ``scheduler.run_now_max_age_s`` (10
   minutes) when taken is recorded as skipped instead of run, so a request made while
@@ -185,22 +187,48 @@ class RunNowRequest(BaseModel):
     requested_at: datetime
 
 
+# Push and pop as the same request sent again (its reply lost) must see them: a push
+# queues an entry (unique by its request id) unless it waits already; a pop records what it
+# took under its own key (KEYS[2], for ARGV[1] ms) and hands that over when sent again.
+_PUSH = """
+if not redis.call('LPOS', KEYS[1], ARGV[1]) then
+  redis.call('RPUSH', KEYS[1], ARGV[1])
+end
+return 1
+"""
+_POP = """
+local taken = redis.call('GET', KEYS[2])
+if taken then
+  return taken
+end
+taken = redis.call('LPOP', KEYS[1])
+if taken then
+  redis.call('SET', KEYS[2], taken, 'PX', ARGV[1])
+end
+return taken
+"""
+POPPED_KEEP_MS = 120_000
+
+
 class RunNowQueue:
     """The list of pending run-now requests for one key prefix."""
 
     def __init__(self, redis: Any, keys: CronKeys) -> None:
         self._redis = redis
+        self._keys = keys
         self.key = keys.cron_run_now()
+        self._push = redis.register_script(_PUSH)
+        self._pop = redis.register_script(_POP)
 
     async def push(self, job_id: str, now: datetime) -> RunNowRequest:
         request = RunNowRequest(job_id=job_id, request_id=uuid.uuid4().hex[:12], requested_at=now)
-        await self._redis.rpush(self.key, request.model_dump_json())
+        await self._push(keys=[self.key], args=[request.model_dump_json()])
         return request
 
     async def pop(self) -> RunNowRequest | None:
         """The oldest request, skipping entries that do not parse; None when empty."""
         while True:
-            raw = await self._redis.lpop(self.key)
+            raw = await self._pop(keys=[self.key, self._keys.cron_run_now_taken(uuid.uuid4().hex)], args=[POPPED_KEEP_MS])
             if raw is None:
                 return None
             try:

@@ -151,6 +151,10 @@ class Keys:
     def cron_run_now(self) -> str:
         return self.key("cron", "run_now")
 
+    def cron_run_now_taken(self, op_id: str) -> str:
+        """The request one pop took, for a moment: the pop sent again hands it over."""
+        return self.key("cron", "run_now", "taken", op_id)
+
     # Running daemons (bot.replicas): one expiring key each, and an index scored by last beat.
     def replica(self, replica_id: str) -> str:
         return self.key("replica", replica_id)

@@ -212,6 +212,27 @@ async def test_claims_retried_after_a_lost_reply_are_still_ours(
         await client.aclose()
 
 
+async def test_run_now_requests_sent_again_after_a_lost_reply_run_once(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = create_client(redis_url)
+    try:
+        queue = JobStore(client, Keys(redis_prefix)).run_now_queue
+        LostReplies(monkeypatch, ":cron:run_now", 1)
+        first = await queue.push("daily", NOW)
+        assert await queue.pending() == 1, "a push sent again must not queue the run twice"
+        second = await queue.push("daily", NOW)
+        LostReplies(monkeypatch, ":cron:run_now", 1)
+        popped = await queue.pop()
+        assert popped is not None and popped.request_id == first.request_id, "the first request was lost"
+        assert await queue.pending() == 1
+        again = await queue.pop()
+        assert again is not None and again.request_id == second.request_id
+        assert await queue.pop() is None
+    finally:
+        await client.aclose()
+
+
 async def test_works_with_a_client_that_does_not_decode(redis_url: str, redis_prefix: str) -> None:
     raw = aioredis.Redis.from_url(redis_url)
     try:
