@@ -136,9 +136,10 @@ class RunLedger:
         return self._keys.cron_runs(job_id)
 
     async def append(self, record: RunRecord) -> None:
-        key = self.key(record.job_id)
+        key, entry = self.key(record.job_id), record.model_dump_json()
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(key, record.model_dump_json())
+            pipe.lrem(key, 0, entry)  # sent again after a lost reply, the record is still kept once
+            pipe.lpush(key, entry)
             pipe.ltrim(key, 0, LEDGER_SIZE - 1)
             pipe.persist(key)
             await pipe.execute()

@@ -233,6 +233,19 @@ async def test_run_now_requests_sent_again_after_a_lost_reply_run_once(
         await client.aclose()
 
 
+async def test_a_run_record_sent_again_after_a_lost_reply_is_kept_once(
+    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = create_client(redis_url)
+    try:
+        ledger = RunLedger(client, Keys(redis_prefix))
+        LostReplies(monkeypatch, ":cron:runs:", 1)
+        await ledger.append(RunLedger.skipped("daily", "x", at=NOW, fire_time=NOW, trigger="schedule"))
+        assert len(await ledger.recent("daily")) == 1
+    finally:
+        await client.aclose()
+
+
 async def test_works_with_a_client_that_does_not_decode(redis_url: str, redis_prefix: str) -> None:
     raw = aioredis.Redis.from_url(redis_url)
     try:
