@@ -35,7 +35,7 @@ from bot.store.locks import Lease
 from bot.store.owned import OwnedKeys, RideAlong, execute_with, queue_script, ttl_ms
 
 _ENQUEUE = """
-if KEYS[4] ~= '' and not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
+if not redis.call('SET', KEYS[4], '1', 'NX', 'EX', ARGV[6]) then
   return false
 end
 redis.call('RPUSH', KEYS[1], ARGV[1])
@@ -111,6 +111,7 @@ _KEEP_MS = 7 * 24 * 3600 * 1000
 TAKEN_KEEP_MS = 120_000
 
 DEDUPE_TTL_S = 86400.0
+RUN_MARK_TTL_S = 600.0  # far longer than redis-py's retries of one request
 # A command's mark while it is being handled: longer than the slowest command (/new waits
 # up to 12 s), short enough that after a crash the platform's next retry runs it.
 PENDING_TTL_S = 60.0
@@ -242,11 +243,14 @@ class Inbox:
         return _enqueued(enqueued), claim
 
     def _enqueue_call(self, req: RunRequest, cap: int, dedupe_key: str | None) -> tuple[list[str], list[Any]]:
-        """The enqueue script's keys and arguments."""
-        dedupe = self._keys.dedupe(dedupe_key) if dedupe_key else ""
+        """The enqueue script's keys and arguments. A message without a dedupe key (the
+        console's, a heartbeat's run-now) is marked by its run id for a while: an enqueue
+        redis-py sends again after its reply was lost, perhaps once the message was
+        answered, is then a duplicate instead of the message a second time."""
+        dedupe, ttl_s = (dedupe_key, DEDUPE_TTL_S) if dedupe_key else (f"run:{req.run_id}", RUN_MARK_TTL_S)
         return (
-            [self._inbox(req.session_key), self._running(req.session_key), self._pending, dedupe],
-            [req.model_dump_json(), cap, time.time(), req.session_key, _KEEP_MS, int(DEDUPE_TTL_S)],
+            [self._inbox(req.session_key), self._running(req.session_key), self._pending, self._keys.dedupe(dedupe)],
+            [req.model_dump_json(), cap, time.time(), req.session_key, _KEEP_MS, int(ttl_s)],
         )
 
     async def take(self, session_key: str) -> list[RunRequest]:

@@ -1,9 +1,10 @@
-"""Taking waiting messages into a run when the store's reply to the take is lost.
+"""Queueing and taking messages when the store's reply is lost.
 
 A take moves the inbox into the running list. Applied once and sent again by redis-py
 (its reply lost), a second move would find the inbox empty and hand the run nothing,
 and the messages it moved would go when the batch finishes. A take sent again must
-hand over what the first one moved."""
+hand over what the first one moved. An enqueue sent again must not queue the message
+twice, with a dedupe key (platform messages) or without one (the console)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
-from bot.gateway.inbox import TAKEN_KEEP_MS, Inbox
+from bot.gateway.inbox import RUN_MARK_TTL_S, TAKEN_KEEP_MS, Inbox
 from bot.gateway.signals import server_time
 from bot.store.connection import create_client
 from tests.fakes.lost_replies import LostReplies
@@ -90,3 +91,30 @@ async def test_an_empty_take_sent_again_leaves_nothing_behind(
     before = set(await client.keys(f"{redis_prefix}:*"))
     assert await inbox.take(dm_session()) == []
     assert set(await client.keys(f"{redis_prefix}:*")) == before
+
+
+@pytest.mark.parametrize("dedupe_key", [None, "telegram:update:7"])
+async def test_an_enqueue_sent_again_queues_the_message_once(
+    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, dedupe_key: str | None
+) -> None:
+    inbox = Inbox(client, redis_prefix)
+    lost = LostReplies(monkeypatch, ":inbox:", 1, commands=SCRIPTS)
+    await inbox.enqueue(chat_request("typed once"), 20, dedupe_key=dedupe_key)
+    assert lost.lost == 1
+    assert [r.text for r in await inbox.take(dm_session())] == ["typed once"]
+
+
+@pytest.mark.parametrize("dedupe_key", [None, "telegram:update:8"])
+async def test_an_enqueue_sent_again_after_its_message_was_answered_is_a_duplicate(
+    client: aioredis.Redis, redis_prefix: str, dedupe_key: str | None
+) -> None:
+    # The retry may come after the backoff, by when a fast run may have answered it.
+    inbox = Inbox(client, redis_prefix)
+    req = chat_request("answered before the retry")
+    assert not (await inbox.enqueue(req, 20, dedupe_key=dedupe_key)).duplicate
+    assert [r.text for r in await inbox.take(dm_session())] == ["answered before the retry"]
+    await inbox.finish(dm_session(), req.run_id)
+    assert (await inbox.enqueue(req, 20, dedupe_key=dedupe_key)).duplicate
+    assert await inbox.take(dm_session()) == []
+    if dedupe_key is None:  # marked by its run id, for a while only
+        assert 0 < await client.ttl(f"{redis_prefix}:dedupe:run:{req.run_id}") <= RUN_MARK_TTL_S
