@@ -7,6 +7,7 @@ request again. Steps whose retry must still read as their own are tested with th
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import pytest
@@ -22,10 +23,15 @@ class LostReplies:
     before their reply is read."""
 
     def __init__(
-        self, monkeypatch: pytest.MonkeyPatch, marker: str, times: int, *, commands: tuple[str, ...] = ()
+        self, monkeypatch: pytest.MonkeyPatch, marker: str, times: int, *, commands: tuple[str, ...] = (),
+        rate: float = 1.0, seed: int = 0,
     ) -> None:
+        """With ``rate`` below 1, each matching request is lost with that chance (drawn
+        from ``seed``, so a failure reproduces), until ``times`` were."""
         self.marker = marker
         self.commands = {c.upper() for c in commands}
+        self.rate = rate
+        self._rng = random.Random(seed)
         self.left = times
         self.lost = 0
         send_and_read = LeanRedis._send_and_read
@@ -48,7 +54,7 @@ class LostReplies:
         monkeypatch.setattr(LeanPipeline, "_pipeline", batch(pipeline))
 
     async def _maybe_lose(self, conn: Any, commands: list[Any]) -> None:
-        if self.left and any(self._matches(args) for args in commands):
+        if self.left and any(self._matches(args) for args in commands) and self._rng.random() < self.rate:
             self.left -= 1
             self.lost += 1
             await conn.disconnect()
