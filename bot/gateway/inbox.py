@@ -91,7 +91,8 @@ return {0, items, now[1], now[2]}
 # Forget the running batch (and its saved result, KEYS[4] unless ''); when nothing waits,
 # drop the session from pending and release its lock (KEYS[5], if it holds ARGV[2]) in the
 # same step, so a message arriving after it finds the lock free and is served anew.
-# 1: more waiting; 0: none; 2: none, and the lock was released.
+# 1: more waiting; 0: none; 2: none, and the lock is not held (released now, or already
+# gone: by this step's first run, when redis-py sent it again after losing its reply).
 _FINISH = """
 redis.call('DEL', KEYS[1])
 if KEYS[4] and KEYS[4] ~= '' then redis.call('DEL', KEYS[4]) end
@@ -99,9 +100,15 @@ if redis.call('LLEN', KEYS[2]) > 0 then
   return 1
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
-if KEYS[5] and redis.call('GET', KEYS[5]) == ARGV[2] then
-  redis.call('DEL', KEYS[5])
-  return 2
+if KEYS[5] then
+  local holder = redis.call('GET', KEYS[5])
+  if holder == ARGV[2] then
+    redis.call('DEL', KEYS[5])
+    return 2
+  end
+  if not holder then
+    return 2
+  end
 end
 return 0
 """
@@ -316,7 +323,7 @@ class Inbox:
                 pipe = self._r.pipeline(transaction=False)
                 queue_script(pipe, self._finish, keys, args)
                 state = (await execute_with(pipe, also))[0]
-            if state == 2 and lock is not None:  # 2 only when our token held the key
+            if state == 2 and lock is not None:  # 2 only when no other token holds the key
                 lock.forget()
         return state == 1
 

@@ -16,6 +16,8 @@ import redis.asyncio as aioredis
 from bot.gateway.inbox import RUN_MARK_TTL_S, TAKEN_KEEP_MS, Inbox
 from bot.gateway.signals import server_time
 from bot.store.connection import create_client
+from bot.store.keys import Keys
+from bot.store.locks import SessionLock
 from tests.fakes.lost_replies import LostReplies
 from tests.integration.gateway_harness import chat_request, dm_session
 from tests.integration.test_gateway_steer_ahead import make_run, read_ahead
@@ -118,3 +120,19 @@ async def test_an_enqueue_sent_again_after_its_message_was_answered_is_a_duplica
     assert await inbox.take(dm_session()) == []
     if dedupe_key is None:  # marked by its run id, for a while only
         assert 0 < await client.ttl(f"{redis_prefix}:dedupe:run:{req.run_id}") <= RUN_MARK_TTL_S
+
+
+async def test_a_finish_sent_again_still_lets_go_of_the_lock(
+    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first finish released the lock; its retry finds the key gone, which must not
+    # leave this process renewing a lock it no longer holds (and then calling it lost).
+    inbox = Inbox(client, redis_prefix)
+    lock = SessionLock(client, Keys(redis_prefix), dm_session(), ttl_s=3)
+    await waiting(inbox, "answered")
+    claim = await inbox.lock_and_claim(dm_session(), lock)
+    assert claim is not None and lock.is_held
+    LostReplies(monkeypatch, ":running:", 1, commands=SCRIPTS)
+    assert not await inbox.finish(dm_session(), claim.batch[0].run_id, lock=lock)
+    assert lock.token is None and not lock.is_held
+    assert await client.exists(lock.key) == 0
