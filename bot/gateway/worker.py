@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -294,11 +295,12 @@ class Workers:
 
     async def _retry_guard(self, session_key: str, batch: list[RunRequest]) -> list[RunRequest]:
         """Resume a batch a previous holder left; give up on it after MAX_ATTEMPTS."""
-        key = self._keys.attempts(batch[0].run_id)
+        key = self._keys.resumes(batch[0].run_id)
         pipe = self._r.pipeline(transaction=True)
-        pipe.incr(key)
+        pipe.sadd(key, uuid.uuid4().hex)  # by id: sent again after a lost reply, it counts once
+        pipe.scard(key)
         pipe.expire(key, 86400)
-        attempts, _ = await pipe.execute()
+        _, attempts, _ = await pipe.execute()
         log.info("run.resuming", session_key=session_key, run_id=batch[0].run_id, attempt=attempts)
         if attempts <= MAX_ATTEMPTS:
             return batch

@@ -90,8 +90,10 @@ class Keys:
         take sent again (its reply lost) hands those over instead of moving nothing."""
         return self.key("taken", op_id)
 
-    def attempts(self, run_id: str) -> str:
-        return self.key("attempts", run_id)
+    def resumes(self, run_id: str) -> str:
+        """The ids of the resumes of a batch (a set): a resume counted again after its
+        reply was lost counts once."""
+        return self.key("resumes", run_id)
 
     # Signals between replicas (bot.gateway.signals, bot.gateway.approvals).
     def cancel_channel(self) -> str:
