@@ -13,8 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
 
+import aiohttp
 from aiohttp import web
 
+from agent.http import ConnectError, ConnectTimeout, HTTPError, PoolTimeout, WriteTimeout
 from agent.types import Attachment, ChatRef, RunRequest
 
 Scope = Literal["dm", "group", "channel"]
@@ -172,6 +174,26 @@ class ChannelAdapter(Protocol):
         ...
     async def send_text(self, target: Target, text: str) -> str | None: ...
     async def ask_approval(self, target: Target, approval_id: str, summary: str) -> None: ...
+
+
+class DeliveryUnknown(Exception):
+    """A send that may have shown its message: the request left and no answer came back
+    (none in time, or the connection closed before one), and the platform has no
+    idempotency key to ask with. Sending it again could show it twice, so it is not:
+    reply parts are at most once (DESIGN.md §5)."""
+
+
+def may_have_arrived(exc: BaseException) -> bool:
+    """Whether a request that failed with ``exc`` may have reached the server whole and
+    taken effect: no answer in time, or a connection closed or reset before one. False
+    when it cannot have: no connection, no free connection, not written in time."""
+    if isinstance(exc, ConnectError | PoolTimeout | ConnectTimeout | WriteTimeout):
+        return False
+    if isinstance(exc, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError):
+        return False
+    # ReadTimeout, RemoteProtocolError, aiohttp's disconnects and socket read timeouts, a
+    # reset mid-call, or a timeout around the whole call.
+    return isinstance(exc, HTTPError | aiohttp.ClientConnectionError | aiohttp.ClientPayloadError | TimeoutError)
 
 
 class FileTransferError(Exception):

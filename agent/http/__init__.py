@@ -17,6 +17,7 @@ from agent.http.connection import (
     ReadTimeout,
     RemoteProtocolError,
     Timeouts,
+    WriteTimeout,
     split_url,
 )
 
@@ -33,5 +34,6 @@ __all__ = [
     "ReadTimeout",
     "RemoteProtocolError",
     "Timeouts",
+    "WriteTimeout",
     "split_url",
 ]

@@ -40,7 +40,14 @@ from agent.tools.registry import ToolError
 from agent.types import Attachment, RunRequest
 from bot.config import BotdConfig
 from bot.gateway.reply import DeliveryLedger, notify
-from channels.base import ChannelAdapter, FileChannel, FileTooLarge, FileTransferError, Target
+from channels.base import (
+    ChannelAdapter,
+    DeliveryUnknown,
+    FileChannel,
+    FileTooLarge,
+    FileTransferError,
+    Target,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -244,6 +251,12 @@ class Attachments:
         except FileTransferError as exc:
             await self.ledger.release(run_id, key)  # nothing went out: a later call may try again
             raise ToolError(f"Error: {exc}") from None
+        except DeliveryUnknown:
+            await self.ledger.mark(run_id, key, "unknown")
+            raise ToolError(
+                f"Error: no answer came from the chat platform after {path.name} was sent; it may have arrived, "
+                "so it was not sent again."
+            ) from None
         except Exception:
             await asyncio.shield(self.ledger.mark(run_id, key, "unknown"))
             raise

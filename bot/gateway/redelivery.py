@@ -9,7 +9,8 @@ outcome ``given_up``), logged, and the chat told once if anything can still be s
 Exactly one worker handles a part at a time: it claims the part by moving its score a
 lease ahead. The ledger state guards against duplicates: a part is marked
 ``resending`` before the send, so a worker that finds ``resending`` left by one that
-died mid-send gives the part up rather than risk sending it twice.
+died mid-send gives the part up rather than risk sending it twice; so does a send that
+may have arrived (``DeliveryUnknown``). Neither tells the chat: the part may be out.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from agent.types import ChatRef
 from bot import metrics
 from bot.gateway.reply import DeliveryLedger, notify
 from bot.store.keys import Keys
-from channels.base import ChannelAdapter, Target
+from channels.base import ChannelAdapter, DeliveryUnknown, Target
 
 log = structlog.get_logger(__name__)
 
@@ -198,6 +199,9 @@ class Redelivery:
         except asyncio.CancelledError:
             await asyncio.shield(self._ledger.mark(part.run_id, key, "unknown"))
             raise
+        except DeliveryUnknown:  # it may be out this time: never again
+            await self._give_up(part, "unknown")
+            return
         except Exception as exc:
             await self._ledger.mark(part.run_id, key, f"failed:{type(exc).__name__}")
             await self._reschedule(part, exc)
@@ -232,11 +236,14 @@ class Redelivery:
         await pipe.execute()
 
     async def _give_up(self, part: PendingPart, reason: str) -> None:
+        """Stop retrying ``part``. The chat is told it did not arrive, unless its last send
+        may have arrived (``unknown``): the notice would then be wrong as often as right."""
         await self._drop(part)
-        await self._ledger.mark(part.run_id, str(part.index), "unknown" if reason == "unknown" else f"given_up:{reason}")
-        metrics.DELIVERIES.labels(part.target.channel, "given_up").inc()
+        unknown = reason == "unknown"
+        await self._ledger.mark(part.run_id, str(part.index), "unknown" if unknown else f"given_up:{reason}")
+        metrics.DELIVERIES.labels(part.target.channel, "unknown" if unknown else "given_up").inc()
         log.error("delivery.given_up", run_id=part.run_id, part=part.index, attempts=part.attempts, reason=reason,
                   failing_for_s=round(self._clock() - part.first_failed_at))
         channel = self._channels.get(part.target.channel)
-        if channel is not None:
+        if channel is not None and not unknown:
             await notify(channel, part.target, self._ledger, part.run_id, "undelivered", UNDELIVERED_TEXT)

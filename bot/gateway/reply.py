@@ -36,7 +36,7 @@ from agent.types import DeliveryStatus, RunKind, RunResult
 from bot import metrics
 from bot.store.keys import Keys
 from bot.store.owned import RideAlong, execute_with, queue_script, shared_script
-from channels.base import ChannelAdapter, ReplyStream, Target, ToolActivity
+from channels.base import ChannelAdapter, DeliveryUnknown, ReplyStream, Target, ToolActivity
 
 if TYPE_CHECKING:
     from bot.gateway.redelivery import Redelivery
@@ -304,6 +304,12 @@ class Reply:
             except asyncio.CancelledError:
                 await asyncio.shield(self._ledger.mark(self._run_id, key, "unknown"))
                 raise
+            except DeliveryUnknown as exc:  # it may be out: never sent again, nor redelivered
+                log.error("delivery.unknown", run_id=self._run_id, part=index, error=str(exc))
+                await self._ledger.mark(self._run_id, key, "unknown")
+                metrics.DELIVERIES.labels(self._target.channel, "unknown").inc()
+                status = "unknown" if status == "delivered" else status
+                continue
             except Exception as exc:
                 log.error("delivery.failed", run_id=self._run_id, part=index, error=str(exc))
                 await self._ledger.mark(self._run_id, key, f"failed:{type(exc).__name__}")

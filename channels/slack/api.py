@@ -5,6 +5,10 @@ transient failures (5xx, ``internal_error``, ``fatal_error``, ``service_unavaila
 ``request_timeout``, connection errors, timeouts) are retried a bounded number of
 times with a short backoff; anything else (``channel_not_found``, ``invalid_auth`` …)
 fails at once with a :class:`SlackCallError` naming the method and the error code.
+A call that makes a message or a file (``chat.postMessage``, ``files.upload_v2``)
+whose request may have arrived (no answer in time, the connection closed before one)
+is not sent again: it raises :class:`~channels.base.DeliveryUnknown`, since a second
+post could show the message twice.
 The token never appears in an error or a log line. ``once=True`` makes a single attempt
 (previews use it: a preview that fails is given up, not waited for).
 """
@@ -25,6 +29,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 from slack_sdk.web.internal_utils import _build_unexpected_body_error_message
 
 from agent.http import HTTPClient, HTTPError, Timeouts, split_url
+from channels.base import DeliveryUnknown, may_have_arrived
 
 log = structlog.get_logger(__name__)
 
@@ -32,6 +37,8 @@ TRANSIENT_ERRORS = frozenset(
     {"internal_error", "fatal_error", "service_unavailable", "request_timeout", "ratelimited_retry"}
 )
 DEFAULT_RETRY_AFTER_S = 1.0
+# Calls that make something: sent twice, they show it twice.
+CREATING = frozenset({"chat.postMessage", "files.upload_v2"})
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -192,6 +199,9 @@ class SlackApi:
                 reason, code = error, status
             except (TimeoutError, aiohttp.ClientError, HTTPError, OSError) as exc:
                 reason, code = type(exc).__name__, None
+                if not once and method in CREATING and may_have_arrived(exc):
+                    log.error("slack.post_unknown", method=method, error=reason, run_id=run_id)
+                    raise DeliveryUnknown(f"{method} may have been made: {reason}") from None
             failures += 1
             if once or failures > self._max_retries:
                 (log.info if once else log.error)("slack.api_gave_up", method=method, error=reason, attempts=failures, run_id=run_id)

@@ -3,7 +3,11 @@
 * ``429 retry_after`` is honoured per chat: the chat is paused for that long (other
   sends to it wait too), then the call is retried;
 * network errors and timeouts are retried a bounded number of times with backoff,
-  then logged with the run id and raised, so the caller can record the failure;
+  then logged with the run id and raised, so the caller can record the failure; but a
+  call that makes a message (``sendMessage``, a file) whose request may have arrived
+  (no answer in time, or the connection closed before one) is never sent again: it
+  raises :class:`~channels.base.DeliveryUnknown`, since the Bot API has no idempotency
+  key and a second send could show the message twice;
 * a group upgraded to a supergroup (``ChatMigrated``) is retried in the new chat;
 * HTML that Telegram cannot parse is resent once as plain text, and "message is not
   modified" on an edit counts as success;
@@ -33,7 +37,7 @@ from telegram.error import BadRequest, ChatMigrated, NetworkError, RetryAfter, T
 
 from agent.tasks import raise_if_cancelled
 from agent.types import TelegramChat
-from channels.base import Target
+from channels.base import DeliveryUnknown, Target, may_have_arrived
 from channels.telegram.format import html_to_plain
 from channels.telegram.redact import scrub
 
@@ -41,6 +45,8 @@ log = structlog.get_logger(__name__)
 
 T = TypeVar("T")
 ChatId = int | str
+# Calls that make a message: sent twice, they show it twice.
+CREATING = frozenset({"sendMessage", "sendPhoto", "sendDocument"})
 
 
 @dataclass(frozen=True)
@@ -155,6 +161,10 @@ class TelegramSender:
                 attempts += 1
                 if once:
                     raise
+                if what in CREATING and may_have_arrived(exc.__cause__ or exc):
+                    log.error("telegram.send_unknown", what=what, chat_id=str(chat_id), run_id=run_id,
+                              error=scrub(str(exc)))
+                    raise DeliveryUnknown(f"{what} may have been sent: {scrub(str(exc))}") from None
                 if attempts >= self.max_attempts:
                     log.error(
                         "telegram.send_failed", what=what, chat_id=str(chat_id), run_id=run_id,

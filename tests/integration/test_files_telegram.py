@@ -252,6 +252,21 @@ async def test_a_picture_telegram_refuses_as_a_photo_goes_as_a_document(
         assert result["content"].startswith("Sent strip.png")
 
 
+async def test_a_file_whose_answer_was_lost_is_not_sent_again(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
+    async with FakeOpenAI() as llm, telegram_daemon(tmp_path, llm, redis_url, redis_prefix) as (tg, daemon):
+        (daemon.cfg.workspace / "report.csv").write_text("a,b\n1,2\n")
+        tg.drop_next("sendDocument", after_effect=True)  # uploaded, and the answer lost on the way
+        llm.script(Reply.tool_calls([Call("send_file", {"path": "report.csv"})]),
+                   Reply.tool_calls([Call("send_file", {"path": "report.csv"})]), Reply.text("done"))
+        tg.push_message(tg.private_message(USER, "send the report"))
+        await llm.wait_for_requests(3, timeout_s=10)
+        assert [u.filename for u in tg.uploads] == ["report.csv"]
+        first = [m for m in llm.requests[1]["messages"] if m["role"] == "tool"][-1]
+        assert "may have arrived" in first["content"] and "not sent again" in first["content"]
+        second = [m for m in llm.requests[2]["messages"] if m["role"] == "tool"][-1]
+        assert "already sent in this run" in second["content"]  # the model's retry sends nothing
+
+
 async def test_send_file_outside_the_allowed_paths_is_refused(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
     secret = tmp_path / "outside.txt"
     secret.write_text("not yours")

@@ -127,6 +127,40 @@ async def test_a_part_whose_sender_died_mid_send_is_never_sent_again(
     assert len(sends) == SEND_ATTEMPTS  # only the first, failed, tries
 
 
+async def test_a_part_whose_answer_was_lost_is_recorded_unknown_and_never_sent_again(
+    h: TelegramHarness, ch: TelegramChannel, ledger: DeliveryLedger, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    clock = Clock()
+    worker = redelivery(redis_client, redis_prefix, ch, ledger, clock)
+    unknown = metrics.DELIVERIES.labels("telegram", "unknown")._value.get()
+    h.fake.drop_next("sendMessage", after_effect=True)  # made, and the answer lost on the way
+    reply = Reply(ch, DM, "run-answer-lost", ledger, kind="chat", previews=False, redelivery=worker)
+    assert await reply.finish("The answer") == "unknown"
+    assert (await ledger.states("run-answer-lost"))["0"] == "unknown"
+    assert metrics.DELIVERIES.labels("telegram", "unknown")._value.get() == unknown + 1
+    assert await worker.pending() == 0  # not deferred: a later send would show it twice
+    clock.now += 3600
+    assert await worker.run_due() == 0
+    assert texts(h) == ["The answer"]
+
+
+async def test_a_redelivery_whose_answer_was_lost_is_given_up_unknown(
+    h: TelegramHarness, ch: TelegramChannel, ledger: DeliveryLedger, redis_client: aioredis.Redis, redis_prefix: str
+) -> None:
+    clock = Clock()
+    worker = redelivery(redis_client, redis_prefix, ch, ledger, clock)
+    h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
+    await fail_a_reply(ch, ledger, worker, "run-retry-lost")
+    h.fake.drop_next("sendMessage", after_effect=True)
+    clock.now += 6
+    assert await worker.run_due() == 1
+    assert await worker.pending() == 0
+    assert (await ledger.states("run-retry-lost"))["0"] == "unknown"
+    clock.now += 3600
+    assert await worker.run_due() == 0
+    assert texts(h) == ["The answer"]
+
+
 async def eventually_sent(h: TelegramHarness, timeout_s: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while texts(h) != ["The answer"]:

@@ -14,7 +14,7 @@ from telegram import Message
 from telegram.error import NetworkError
 
 from agent.types import TelegramChat
-from channels.base import Target
+from channels.base import DeliveryUnknown, Target
 from channels.chunking import utf16_len
 from channels.telegram.adapter import TelegramChannel
 from tests.fakes.telegram_context import TelegramHarness
@@ -322,3 +322,19 @@ async def test_a_silent_answer_before_the_first_preview_sends_nothing(h: Telegra
     await stream.close()
     await asyncio.sleep(0.3)
     assert bot_calls(h)[before:] == [] and h.fake.sent_messages(42, include_deleted=True) == []
+
+
+async def test_an_answer_lost_after_the_message_went_out_is_not_sent_twice(
+    h: TelegramHarness, ch: TelegramChannel
+) -> None:
+    # The Bot API made the message and the connection closed before its answer: sending
+    # it again would show it twice. The part's fate is unknown, and it is not resent. (A
+    # connection closed before the call took effect looks the same from here, and is not
+    # resent either: parts are at most once. Errors the Bot API answers are retried.)
+    h.fake.drop_next("sendMessage", after_effect=True)
+    stream = ch.open_stream(DM, "run-lost-answer")
+    with pytest.raises(DeliveryUnknown):
+        await stream.deliver(0, "shown once")
+    assert [m.text for m in h.fake.sent_messages(42)] == ["shown once"]
+    assert len(h.fake.calls_to("sendMessage")) == 1
+

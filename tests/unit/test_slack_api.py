@@ -11,6 +11,7 @@ import pytest
 from slack_sdk.web.async_client import AsyncWebClient
 
 from agent.http import HTTPClient
+from channels.base import DeliveryUnknown
 from channels.slack.api import SlackApi, SlackCallError, WebClient
 from tests.fakes.slack_server import FakeSlack
 
@@ -161,3 +162,31 @@ async def test_a_calls_query_arrives_and_its_url_is_split_once(fake: FakeSlack, 
     assert (first.args["channel"], first.args["timestamp"], first.args["name"]) == ("C1", posted["ts"], "eyes")
     assert [c.args["name"] for c in fake.calls_to("reactions.add")][1:] == [f"eyes{n}" for n in range(5)]
     assert split_url.cache_info().currsize <= cached + 1  # reactions.remove's URL, once
+
+
+async def test_a_post_whose_answer_was_lost_is_not_posted_twice(fake: FakeSlack, client: Client) -> None:
+    # Slack made the message and the connection closed before its answer: posting it
+    # again would show it twice. A call that changes nothing new (a reaction) is retried.
+    sleep = SleepRecorder()
+    api = make_api(fake, client, sleep)
+    fake.drop("chat.postMessage", after_effect=True)
+    with pytest.raises(DeliveryUnknown):
+        await api.call("chat.postMessage", channel="C1", text="shown once")
+    assert len(fake.calls_to("chat.postMessage")) == 1 and sleep.delays == []
+    fake.drop("reactions.add", after_effect=True)
+    with pytest.raises(SlackCallError, match="already_reacted"):  # which the stream counts as done
+        await api.call("reactions.add", channel="C1", timestamp="1.1", name="eyes")
+    assert len(fake.calls_to("reactions.add")) == 2
+
+
+async def test_a_post_that_timed_out_is_not_posted_twice(fake: FakeSlack) -> None:
+    http = HTTPClient()
+    try:
+        client = WebClient(token=fake.bot_token, base_url=fake.api_url, retry_handlers=[], http=http, timeout=0.3)
+        api = SlackApi(client, sleep=SleepRecorder())
+        fake.hang("chat.postMessage", 1.0)
+        with pytest.raises(DeliveryUnknown):
+            await api.call("chat.postMessage", channel="C1", text="late")
+        assert len(fake.calls_to("chat.postMessage")) == 1
+    finally:
+        await http.aclose()
