@@ -59,9 +59,9 @@ MAX_RETRIES = 2  # llm.max_retries: at most 3 attempts per model call
 REQUEST_TIMEOUT_S = 3.0
 LOCK_TTL_S = 5.0
 SLACK_LOAD = ["ULOADA", "ULOADB"]
-SLACK_USERS = ["UFAST", "USLOW", "ULIMIT", "UOK", *SLACK_LOAD]
+SLACK_USERS = ["UFAST", "USLOW", "ULIMIT", "UOK", "ULOST", *SLACK_LOAD]
 TG_LLM = {"429": 5101, "500": 5102, "cut": 5103, "garbage": 5104, "timeout": 5105}
-TG_CHANNEL = {"flaky": 5201, "down": 5202, "fast": 5203}
+TG_CHANNEL = {"flaky": 5201, "down": 5202, "fast": 5203, "lost": 5204}
 TG_LOAD = [5301, 5302, 5303]
 FAILURE = "Sorry — I couldn't get an answer from the model"
 
@@ -272,6 +272,23 @@ async def test_transient_telegram_errors_are_retried_and_the_answer_sent_once(ri
     await asyncio.sleep(0.5)
     assert telegram_texts(rig.tg, user) == ["ack mkflaky1"]
     assert sum(1 for c in rig.tg.calls_to("sendMessage") if c.status == 500) == 2
+
+
+async def test_an_answer_lost_after_the_platform_showed_it_is_not_sent_again(rig: Rig) -> None:
+    # The platform made the message, and the connection closed before its answer: botd
+    # cannot tell that from a message never made, and sending it again would show it twice.
+    user = TG_CHANNEL["lost"]
+    rig.tg.drop_next("sendMessage", after_effect=True)
+    rig.slack.drop("chat.postMessage", after_effect=True)
+    await asyncio.gather(rig.telegram(user, "sslost mklost1 hi"), rig.slack_dm("ULOST", "sslost mklost2 hi"))
+    await eventually(lambda: rig.bot.log().count('"delivery.unknown"') == 2, 15, "both deliveries to be unknown")
+    await rig.telegram(user, "sslost mklost3 and again")
+    await rig.slack_dm("ULOST", "sslost mklost4 and again")
+    await eventually(lambda: count_mark(telegram_texts(rig.tg, user), "mklost3") == 1, 10, "the next Telegram answer")
+    await eventually(lambda: count_mark(slack_texts(rig.slack), "mklost4") == 1, 10, "the next Slack answer")
+    await asyncio.sleep(0.5)
+    assert telegram_texts(rig.tg, user) == ["ack mklost1", "ack mklost3"]
+    assert [t for t in slack_texts(rig.slack, "DULOST")] == ["ack mklost2", "ack mklost4"]
 
 
 async def test_telegram_down_is_retried_boundedly_while_slack_keeps_being_served(rig: Rig) -> None:
