@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from bot.store.connection import create_client
 from tests.fakes.openai_server import FakeOpenAI
 
 
@@ -51,6 +52,17 @@ def redis_prefix() -> str:
 @pytest.fixture
 async def redis_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def store_client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """The daemon's own kind of client (``create_client``): its lean pipelines, and its
+    retries of a request whose reply was lost (what ``tests/fakes/lost_replies.py`` hits)."""
+    client = create_client(redis_url)
     try:
         yield client
     finally:

@@ -8,7 +8,6 @@ is back, must read it as its own, or the answer is never sent."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -63,18 +62,8 @@ async def test_a_claim_lost_to_an_outage_is_taken_again_when_the_run_resumes(
 # ---- the ledger alone ----------------------------------------------------------------
 
 
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """The daemon's own kind of client (its pipelines are the ones the faults target)."""
-    made = create_client(redis_url)
-    try:
-        yield made
-    finally:
-        await made.aclose()
-
-
-async def test_a_claim_held_by_another_token_is_not_taken(client: aioredis.Redis, redis_prefix: str) -> None:
-    mine, other = DeliveryLedger(client, redis_prefix), DeliveryLedger(client, redis_prefix)
+async def test_a_claim_held_by_another_token_is_not_taken(store_client: aioredis.Redis, redis_prefix: str) -> None:
+    mine, other = DeliveryLedger(store_client, redis_prefix), DeliveryLedger(store_client, redis_prefix)
     assert await other.claim("run-a", "0")  # another replica claimed it, and may have sent it
     assert not await mine.claim("run-a", "0")
     assert not await other.claim("run-a", "0")  # once claimed, even its owner does not claim again
@@ -82,9 +71,9 @@ async def test_a_claim_held_by_another_token_is_not_taken(client: aioredis.Redis
 
 
 async def test_a_claim_in_doubt_is_taken_over_once_and_by_its_own_process_only(
-    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    mine, other = DeliveryLedger(client, redis_prefix), DeliveryLedger(client, redis_prefix)
+    mine, other = DeliveryLedger(store_client, redis_prefix), DeliveryLedger(store_client, redis_prefix)
     LostReplies(monkeypatch, ":delivery:", RETRIES + 1)
     with pytest.raises(RedisConnectionError):
         await mine.claim("run-b", "0")
@@ -97,9 +86,9 @@ async def test_a_claim_in_doubt_is_taken_over_once_and_by_its_own_process_only(
 
 
 async def test_a_claim_that_raised_before_reaching_the_store_is_taken_fresh(
-    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    ledger = DeliveryLedger(client, redis_prefix)
+    ledger = DeliveryLedger(store_client, redis_prefix)
 
     async def down(*args: Any, **kwargs: Any) -> list[Any]:
         raise RedisConnectionError("Error 111 connecting to the store.")

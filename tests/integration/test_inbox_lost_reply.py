@@ -8,14 +8,11 @@ twice, with a dedupe key (platform messages) or without one (the console)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import redis.asyncio as aioredis
 
 from bot.gateway.inbox import RUN_MARK_TTL_S, TAKEN_KEEP_MS, Inbox
 from bot.gateway.signals import server_time
-from bot.store.connection import create_client
 from bot.store.keys import Keys
 from bot.store.locks import SessionLock
 from tests.fakes.lost_replies import LostReplies
@@ -23,16 +20,6 @@ from tests.integration.gateway_harness import chat_request, dm_session
 from tests.integration.test_gateway_steer_ahead import make_run, read_ahead
 
 SCRIPTS = ("EVAL", "EVALSHA")
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """The daemon's own kind of client: it retries a request whose reply was lost."""
-    made = create_client(redis_url)
-    try:
-        yield made
-    finally:
-        await made.aclose()
 
 
 async def waiting(inbox: Inbox, *texts: str) -> None:
@@ -45,25 +32,25 @@ async def running_texts(inbox: Inbox) -> list[str]:
 
 
 async def test_a_take_sent_again_hands_over_what_it_moved(
-    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    inbox = Inbox(client, redis_prefix)
+    inbox = Inbox(store_client, redis_prefix)
     await waiting(inbox, "one", "two")
     lost = LostReplies(monkeypatch, ":inbox:", 1, commands=SCRIPTS)
     assert [r.text for r in await inbox.take(dm_session())] == ["one", "two"]
     assert lost.lost == 1
     assert await running_texts(inbox) == ["one", "two"]  # moved once
-    [record] = await client.keys(f"{redis_prefix}:taken:*")  # the take's count, for a while only
-    assert 0 < await client.pttl(record) <= TAKEN_KEEP_MS
+    [record] = await store_client.keys(f"{redis_prefix}:taken:*")  # the take's count, for a while only
+    assert 0 < await store_client.pttl(record) <= TAKEN_KEEP_MS
     await waiting(inbox, "three")
     assert [r.text for r in await inbox.take(dm_session())] == ["three"]  # the next take is its own
     assert await inbox.take(dm_session()) == []
 
 
 async def test_a_take_with_a_read_sent_again_hands_over_what_it_moved(
-    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    inbox = Inbox(client, redis_prefix)
+    inbox = Inbox(store_client, redis_prefix)
     await waiting(inbox, "steered")
     lost = LostReplies(monkeypatch, ":inbox:", 1, commands=SCRIPTS)
     taken, _ = await inbox.take_reading(dm_session(), "some-other-key")
@@ -72,34 +59,34 @@ async def test_a_take_with_a_read_sent_again_hands_over_what_it_moved(
 
 
 async def test_a_steer_read_ahead_sent_again_still_steers(
-    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    inbox = Inbox(client, redis_prefix)
-    run = make_run(client, redis_prefix, await server_time(client))
+    inbox = Inbox(store_client, redis_prefix)
+    run = make_run(store_client, redis_prefix, await server_time(store_client))
     await waiting(inbox, "arrived while the run prepared")
     lost = LostReplies(monkeypatch, ":inbox:", 1, commands=SCRIPTS)
-    await read_ahead(client, run)
+    await read_ahead(store_client, run)
     assert lost.lost == 1
     assert [r.text for r in await run.steer()] == ["arrived while the run prepared"]
     run.close()
 
 
 async def test_an_empty_take_sent_again_leaves_nothing_behind(
-    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    inbox = Inbox(client, redis_prefix)
+    inbox = Inbox(store_client, redis_prefix)
     LostReplies(monkeypatch, ":inbox:", 1, commands=SCRIPTS)
     assert await inbox.take(dm_session()) == []
-    before = set(await client.keys(f"{redis_prefix}:*"))
+    before = set(await store_client.keys(f"{redis_prefix}:*"))
     assert await inbox.take(dm_session()) == []
-    assert set(await client.keys(f"{redis_prefix}:*")) == before
+    assert set(await store_client.keys(f"{redis_prefix}:*")) == before
 
 
 @pytest.mark.parametrize("dedupe_key", [None, "telegram:update:7"])
 async def test_an_enqueue_sent_again_queues_the_message_once(
-    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, dedupe_key: str | None
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, dedupe_key: str | None
 ) -> None:
-    inbox = Inbox(client, redis_prefix)
+    inbox = Inbox(store_client, redis_prefix)
     lost = LostReplies(monkeypatch, ":inbox:", 1, commands=SCRIPTS)
     await inbox.enqueue(chat_request("typed once"), 20, dedupe_key=dedupe_key)
     assert lost.lost == 1
@@ -108,10 +95,10 @@ async def test_an_enqueue_sent_again_queues_the_message_once(
 
 @pytest.mark.parametrize("dedupe_key", [None, "telegram:update:8"])
 async def test_an_enqueue_sent_again_after_its_message_was_answered_is_a_duplicate(
-    client: aioredis.Redis, redis_prefix: str, dedupe_key: str | None
+    store_client: aioredis.Redis, redis_prefix: str, dedupe_key: str | None
 ) -> None:
     # The retry may come after the backoff, by when a fast run may have answered it.
-    inbox = Inbox(client, redis_prefix)
+    inbox = Inbox(store_client, redis_prefix)
     req = chat_request("answered before the retry")
     assert not (await inbox.enqueue(req, 20, dedupe_key=dedupe_key)).duplicate
     assert [r.text for r in await inbox.take(dm_session())] == ["answered before the retry"]
@@ -119,20 +106,20 @@ async def test_an_enqueue_sent_again_after_its_message_was_answered_is_a_duplica
     assert (await inbox.enqueue(req, 20, dedupe_key=dedupe_key)).duplicate
     assert await inbox.take(dm_session()) == []
     if dedupe_key is None:  # marked by its run id, for a while only
-        assert 0 < await client.ttl(f"{redis_prefix}:dedupe:run:{req.run_id}") <= RUN_MARK_TTL_S
+        assert 0 < await store_client.ttl(f"{redis_prefix}:dedupe:run:{req.run_id}") <= RUN_MARK_TTL_S
 
 
 async def test_a_finish_sent_again_still_lets_go_of_the_lock(
-    client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The first finish released the lock; its retry finds the key gone, which must not
     # leave this process renewing a lock it no longer holds (and then calling it lost).
-    inbox = Inbox(client, redis_prefix)
-    lock = SessionLock(client, Keys(redis_prefix), dm_session(), ttl_s=3)
+    inbox = Inbox(store_client, redis_prefix)
+    lock = SessionLock(store_client, Keys(redis_prefix), dm_session(), ttl_s=3)
     await waiting(inbox, "answered")
     claim = await inbox.lock_and_claim(dm_session(), lock)
     assert claim is not None and lock.is_held
     LostReplies(monkeypatch, ":running:", 1, commands=SCRIPTS)
     assert not await inbox.finish(dm_session(), claim.batch[0].run_id, lock=lock)
     assert lock.token is None and not lock.is_held
-    assert await client.exists(lock.key) == 0
+    assert await store_client.exists(lock.key) == 0

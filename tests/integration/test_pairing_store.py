@@ -21,7 +21,6 @@ from bot.pairing import (
     ChannelPairing,
     PairingStore,
 )
-from bot.store.connection import create_client
 from bot.store.keys import Keys
 from tests.fakes.lost_replies import LostReplies
 from tests.fakes.recording_channel import RecordingChannel
@@ -173,23 +172,19 @@ WRITES = ("SET", "EVAL", "EVALSHA")  # the reads before each write are retried h
 
 @pytest.mark.parametrize("marker", [":pairing:code:", ":pairing:user:", ":pairing:notified:"])
 async def test_writes_retried_after_a_lost_reply_still_count_as_made(
-    redis_url: str, keys: Keys, clock: Clock, monkeypatch: pytest.MonkeyPatch, marker: str
+    store_client: aioredis.Redis, keys: Keys, clock: Clock, monkeypatch: pytest.MonkeyPatch, marker: str
 ) -> None:
     # The store applies a set-if-absent and its reply is lost; redis-py sends it again.
-    client = create_client(redis_url)
     telegram = RecordingChannel(name="telegram")
-    try:
-        store = PairingStore(client, keys, clock)
-        lost = LostReplies(monkeypatch, marker, 1, commands=WRITES)
-        answer = await store.challenge("telegram", "42", "Ann", "42")
-        assert answer.code is not None and answer.reply, "the stranger would get no code"
-        request = await store.approve(answer.code)
-        assert request is not None
-        await ApprovalNotices(client, keys, {"telegram": telegram}).on_event(request.model_dump(mode="json"))
-        assert telegram.texts() == [APPROVED_TEXT], "the approved user would not be told"
-        assert lost.lost == 1
-    finally:
-        await client.aclose()
+    store = PairingStore(store_client, keys, clock)
+    lost = LostReplies(monkeypatch, marker, 1, commands=WRITES)
+    answer = await store.challenge("telegram", "42", "Ann", "42")
+    assert answer.code is not None and answer.reply, "the stranger would get no code"
+    request = await store.approve(answer.code)
+    assert request is not None
+    await ApprovalNotices(store_client, keys, {"telegram": telegram}).on_event(request.model_dump(mode="json"))
+    assert telegram.texts() == [APPROVED_TEXT], "the approved user would not be told"
+    assert lost.lost == 1
 
 
 async def test_a_strangers_name_cannot_drive_the_owners_terminal(store: PairingStore) -> None:

@@ -10,7 +10,6 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from bot.store.connection import create_client
 from bot.store.keys import Keys
 from bot.store.owned import OwnedKeys
 from scheduler.jobs import CorruptJobError, CronJob, DuplicateJobError, RunRecord
@@ -192,58 +191,46 @@ async def test_running_marker_belongs_to_its_holder(redis_client: aioredis.Redis
 
 
 async def test_claims_retried_after_a_lost_reply_are_still_ours(
-    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The store applies the claim and its reply is lost: redis-py sends it again. The fire
     # (or the running marker) is then held by this very call, which must still run it.
-    client = create_client(redis_url)
-    try:
-        claims = FireClaims(client, Keys(redis_prefix), OwnedKeys(client))
-        LostReplies(monkeypatch, ":fire:", 1)
-        assert await claims.claim("daily", NOW, "a"), "the fire would run nowhere"
-        assert not await claims.claim("daily", NOW, "a"), "a second claim, even by the same owner, loses"
-        LostReplies(monkeypatch, ":cron:running:", 1)
-        token = await claims.acquire_running("daily", 30)
-        assert token is not None, "the run would be skipped as overlapping itself"
-        assert await claims.acquire_running("daily", 30) is None
-        await claims.release_running("daily", token)
-        assert await claims.acquire_running("daily", 30) is not None
-    finally:
-        await client.aclose()
+    claims = FireClaims(store_client, Keys(redis_prefix), OwnedKeys(store_client))
+    LostReplies(monkeypatch, ":fire:", 1)
+    assert await claims.claim("daily", NOW, "a"), "the fire would run nowhere"
+    assert not await claims.claim("daily", NOW, "a"), "a second claim, even by the same owner, loses"
+    LostReplies(monkeypatch, ":cron:running:", 1)
+    token = await claims.acquire_running("daily", 30)
+    assert token is not None, "the run would be skipped as overlapping itself"
+    assert await claims.acquire_running("daily", 30) is None
+    await claims.release_running("daily", token)
+    assert await claims.acquire_running("daily", 30) is not None
 
 
 async def test_run_now_requests_sent_again_after_a_lost_reply_run_once(
-    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = create_client(redis_url)
-    try:
-        queue = JobStore(client, Keys(redis_prefix)).run_now_queue
-        LostReplies(monkeypatch, ":cron:run_now", 1)
-        first = await queue.push("daily", NOW)
-        assert await queue.pending() == 1, "a push sent again must not queue the run twice"
-        second = await queue.push("daily", NOW)
-        LostReplies(monkeypatch, ":cron:run_now", 1)
-        popped = await queue.pop()
-        assert popped is not None and popped.request_id == first.request_id, "the first request was lost"
-        assert await queue.pending() == 1
-        again = await queue.pop()
-        assert again is not None and again.request_id == second.request_id
-        assert await queue.pop() is None
-    finally:
-        await client.aclose()
+    queue = JobStore(store_client, Keys(redis_prefix)).run_now_queue
+    LostReplies(monkeypatch, ":cron:run_now", 1)
+    first = await queue.push("daily", NOW)
+    assert await queue.pending() == 1, "a push sent again must not queue the run twice"
+    second = await queue.push("daily", NOW)
+    LostReplies(monkeypatch, ":cron:run_now", 1)
+    popped = await queue.pop()
+    assert popped is not None and popped.request_id == first.request_id, "the first request was lost"
+    assert await queue.pending() == 1
+    again = await queue.pop()
+    assert again is not None and again.request_id == second.request_id
+    assert await queue.pop() is None
 
 
 async def test_a_run_record_sent_again_after_a_lost_reply_is_kept_once(
-    redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = create_client(redis_url)
-    try:
-        ledger = RunLedger(client, Keys(redis_prefix))
-        LostReplies(monkeypatch, ":cron:runs:", 1)
-        await ledger.append(RunLedger.skipped("daily", "x", at=NOW, fire_time=NOW, trigger="schedule"))
-        assert len(await ledger.recent("daily")) == 1
-    finally:
-        await client.aclose()
+    ledger = RunLedger(store_client, Keys(redis_prefix))
+    LostReplies(monkeypatch, ":cron:runs:", 1)
+    await ledger.append(RunLedger.skipped("daily", "x", at=NOW, fire_time=NOW, trigger="schedule"))
+    assert len(await ledger.recent("daily")) == 1
 
 
 async def test_works_with_a_client_that_does_not_decode(redis_url: str, redis_prefix: str) -> None:
