@@ -35,7 +35,7 @@ from agent.sanitize import heartbeat_reply, is_silent_chat, is_silent_cron, sani
 from agent.types import DeliveryStatus, RunKind, RunResult
 from bot import metrics
 from bot.store.keys import Keys
-from bot.store.owned import RideAlong, execute_with, queue_script, shared_script
+from bot.store.owned import OwnedKeys, RideAlong, execute_with
 from channels.base import ChannelAdapter, DeliveryUnknown, ReplyStream, Target, ToolActivity
 
 if TYPE_CHECKING:
@@ -49,27 +49,12 @@ SENDING = "sending:"
 # a run that failed on the store, so a few hundred cover a long outage of a busy daemon.
 IN_DOUBT_KEPT = 1024
 
-# Claim part ARGV[1] for the token ARGV[2] ('sending:<token>'): 1 when it was free or
-# already holds that token (a retry of a claim whose reply was lost), else 0.
-_CLAIM = """
-local held = redis.call('HGET', KEYS[1], ARGV[1])
-redis.call('EXPIRE', KEYS[1], ARGV[3])
-if not held then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-  return 1
-end
-if held == ARGV[2] then
-  return 1
-end
-return 0
-"""
-
 
 class DeliveryLedger:
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         self._r = client
         self._keys = Keys(prefix)
-        self._claim = shared_script(client, _CLAIM)
+        self._owned = OwnedKeys(client)  # a part's field holds 'sending:<token>' of its claim
         # (run id, part) -> the token of a claim that raised: nothing was sent for it.
         self._in_doubt: OrderedDict[tuple[str, str], str] = OrderedDict()
 
@@ -93,8 +78,10 @@ class DeliveryLedger:
         pipe = self._r.pipeline(transaction=True)
         if result is not None:
             pipe.set(self._result(run_id), _result_json(result), ex=_TTL_S)
-        queue_script(pipe, self._claim, [self._parts(run_id)], [part, SENDING + token, _TTL_S])
+        key = self._parts(run_id)
+        self._owned.queue_acquire_field(pipe, key, part, SENDING + token)
         claimed = len(pipe) - 1
+        pipe.expire(key, _TTL_S)
         try:
             replies = await execute_with(pipe, also)
         except BaseException:

@@ -40,6 +40,20 @@ end
 return 0
 """
 
+# The hash field's version of ACQUIRE, without a TTL (the hash has its own): take field
+# ARGV[1] for the token ARGV[2] unless another token holds it. 1 when taken (or already ours).
+ACQUIRE_FIELD = """
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if not current then
+  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+  return 1
+end
+if current == ARGV[2] then
+  return 1
+end
+return 0
+"""
+
 DELETE_IF_OWNER = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -91,10 +105,12 @@ async def execute_with(pipe: Pipeline, also: RideAlong | None) -> list[Any]:
 
 
 class OwnedKeys:
-    """The three owner-checked operations on full key names (callers build them with ``Keys``)."""
+    """The owner-checked operations on full key names (callers build them with ``Keys``),
+    and on one field of a hash (a mark among a record's fields)."""
 
     def __init__(self, client: aioredis.Redis) -> None:
         self._acquire = shared_script(client, ACQUIRE)
+        self._acquire_field = shared_script(client, ACQUIRE_FIELD)
         self._extend = shared_script(client, EXTEND_IF_OWNER)
         self._delete = shared_script(client, DELETE_IF_OWNER)
 
@@ -105,6 +121,14 @@ class OwnedKeys:
     def queue_acquire(self, pipe: Pipeline, key: str, token: str, ttl_s: float) -> None:
         """:meth:`acquire` queued on ``pipe`` (its reply: 1 when taken)."""
         queue_script(pipe, self._acquire, [key], [token, ttl_ms(ttl_s)])
+
+    async def acquire_field(self, key: str, field: str, token: str) -> bool:
+        """Set ``field`` of the hash ``key`` to ``token`` unless another token holds it."""
+        return bool(await self._acquire_field(keys=[key], args=[field, token]))
+
+    def queue_acquire_field(self, pipe: Pipeline, key: str, field: str, token: str) -> None:
+        """:meth:`acquire_field` queued on ``pipe`` (its reply: 1 when taken)."""
+        queue_script(pipe, self._acquire_field, [key], [field, token])
 
     async def extend_if_owner(self, key: str, token: str, ttl_s: float) -> bool:
         """Renew the TTL while ``key`` still holds ``token``; False when it is gone or taken."""

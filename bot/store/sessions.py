@@ -26,7 +26,7 @@ from redis.asyncio.client import Pipeline
 from agent.types import Message
 from bot.store import session_scripts
 from bot.store.keys import Keys
-from bot.store.owned import queue_script
+from bot.store.owned import OwnedKeys, queue_script
 from bot.store.session_info import SessionInfo, SessionPage, SessionUsage, info_of, usage_of
 
 log = structlog.get_logger(__name__)
@@ -89,6 +89,7 @@ class SessionStore:
         self._run_usage = client.register_script(session_scripts.RECORD_RUN)
         self._record_run = client.register_script(session_scripts.RECORD_FINISHED_RUN)
         self._decoded = DecodedHistories()
+        self._owned = OwnedKeys(client)
 
     async def append(self, session_key: str, run_id: str, messages: Sequence[Message]) -> bool:
         """Append a run's messages, all or nothing. False when this run id was already applied.
@@ -277,7 +278,8 @@ class SessionStore:
         if not over:
             await self._client.hdel(meta, "context_warned")
             return False
-        return bool(await self._client.hsetnx(meta, "context_warned", "1"))
+        # A token of this call's own: sent again after its reply was lost, it reads as new.
+        return await self._owned.acquire_field(meta, "context_warned", uuid.uuid4().hex)
 
     async def usage(self, session_key: str) -> SessionUsage:
         meta = await self._client.hgetall(self._keys.session_meta(session_key))

@@ -47,7 +47,7 @@ async def test_the_reply_is_recorded_with_its_first_claim(
     claims = requests.commands(bot.keys.delivery(req.run_id))
     # The claim of part 0 (saving the result, then the claim's script) carries the append
     # and the usage records: one script records the append, the usage and the run's totals.
-    assert claims[0] == "MULTI+SET+EVAL+EVAL+EXEC"
+    assert claims[0] == "MULTI+SET+EVAL+EXPIRE+EVAL+EXEC"
     # The history is touched twice in all: the run's first read (with the message's intake,
     # which queued it and claimed it), and that claim.
     touched = requests.touching(history)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from agent.types import Message, ToolCall
 from bot.store import Keys, SessionStore
+from tests.fakes.lost_replies import LostReplies
 
 SK = "agent:main:telegram:dm:42"
 
@@ -315,6 +316,16 @@ async def test_the_context_warning_is_given_once_until_the_context_drops(store: 
     assert await store.note_context_warning(SK, True) is False
     assert await store.note_context_warning(SK, False) is False
     assert await store.note_context_warning(SK, True) is True
+
+
+async def test_a_context_warning_sent_again_after_a_lost_reply_is_still_given(
+    store_client: aioredis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = SessionStore(store_client, keys)
+    lost = LostReplies(monkeypatch, ":meta", 1, commands=("HSETNX", "EVAL", "EVALSHA"))
+    assert await store.note_context_warning(SK, True) is True  # not taken for the second warning
+    assert lost.lost == 1
+    assert await store.note_context_warning(SK, True) is False
 
 
 async def test_compaction_forgets_the_last_calls_usage(store: SessionStore) -> None:
