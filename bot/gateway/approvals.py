@@ -28,15 +28,22 @@ from bot.store.seal import RecordSeal
 
 log = structlog.get_logger(__name__)
 
+# ARGV[5] is the answer's own id ('' for the daemon's own expiry or cancel): the same answer
+# sent again after its reply was lost finds it recorded and is still 'ok'; any other finds
+# the request already answered.
 _RESOLVE = """
 local raw = redis.call('GET', KEYS[1])
 if not raw then return 'missing' end
 local data = cjson.decode(raw)
-if data['status'] ~= 'pending' then return data['status'] end
+if data['status'] ~= 'pending' then
+  if ARGV[5] ~= '' and data['answer'] == ARGV[5] then return 'ok' end
+  return data['status']
+end
 if ARGV[2] ~= '' and data['chat_id'] ~= ARGV[2] then return 'wrong_chat' end
 data['status'] = ARGV[1]
 data['by'] = ARGV[3]
 data['mac'] = ARGV[4]
+data['answer'] = ARGV[5]
 redis.call('SET', KEYS[1], cjson.encode(data), 'KEEPTTL')
 return 'ok'
 """
@@ -112,7 +119,8 @@ class Approvals:
         """Answer a pending request; returns a short reply for the person who answered."""
         status = "approved" if approved else "denied"
         mac = self._seal.sign("approval", approval_id, status, chat_id)
-        outcome = await self._resolve(keys=[self._key(approval_id)], args=[status, chat_id, user_id, mac])
+        answer = secrets.token_hex(8)
+        outcome = await self._resolve(keys=[self._key(approval_id)], args=[status, chat_id, user_id, mac, answer])
         outcome = str(outcome)
         if outcome == "ok":
             await self._broadcast.publish(self.channel, {"id": approval_id})
@@ -139,7 +147,7 @@ class Approvals:
         return status
 
     async def _finish(self, key: str, status: str) -> None:
-        await self._resolve(keys=[key], args=[status, "", "system", ""])
+        await self._resolve(keys=[key], args=[status, "", "system", "", ""])
 
     async def _on_message(self, data: dict[str, Any]) -> None:
         event = self._waiters.get(str(data.get("id")))

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from tests.fakes.lost_replies import LostReplies
 from tests.fakes.openai_server import Call, FakeOpenAI, Reply
 from tests.integration.gateway_harness import (
     Bot,
@@ -137,3 +140,24 @@ async def test_stop_cancels_a_pending_approval(tmp_path: Path, redis_url: str, r
         history = await bot.sessions.history(dm_session())
         assert roles(history) == ["user", "assistant", "tool"]
         assert_valid_history(history)
+
+
+async def test_an_answer_sent_again_after_a_lost_reply_is_still_the_answer(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The store records the approval and its reply is lost; redis-py sends it again.
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, security=_tools_file(tmp_path)) as bot,
+    ):
+        fake.script(Reply.tool_calls([DEPLOY]), Reply.text("Deployed web."))
+        await bot.send("deploy web please")
+        approval_id = await _approval_id(bot)
+        lost = LostReplies(monkeypatch, f":approval:{approval_id}", 1, commands=("EVAL", "EVALSHA"))
+        await bot.send(f"/approve {approval_id}")
+        assert lost.lost == 1
+        assert bot.channel.texts("notice") == ["Approved."]  # not "already approved": it was this one
+        await bot.channel.wait_for(lambda ch: ch.texts("part"))
+        assert (bot.cfg.workspace / "deployed-web").exists()
+        await bot.send(f"/approve {approval_id}")  # a second answer is still told apart
+        assert bot.channel.texts("notice")[-1] == f"Approval request {approval_id} is already approved."
