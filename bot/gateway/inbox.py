@@ -91,9 +91,14 @@ return {0, items, now[1], now[2]}
 # Forget the running batch (and its saved result, KEYS[4] unless ''); when nothing waits,
 # drop the session from pending and release its lock (KEYS[5], if it holds ARGV[2]) in the
 # same step, so a message arriving after it finds the lock free and is served anew.
-# 1: more waiting; 0: none; 2: none, and the lock is not held (released now, or already
-# gone: by this step's first run, when redis-py sent it again after losing its reply).
+# 1: more waiting; 0: none; 2: none, and the lock is not held any more. With a lock that
+# does not hold ARGV[2], nothing is touched and the answer is 2: the step was sent again
+# after its first run released the lock (its reply lost), and whoever holds the lock now
+# owns the running list; or the lock expired, and the batch is left for a resume.
 _FINISH = """
+if KEYS[5] and redis.call('GET', KEYS[5]) ~= ARGV[2] then
+  return 2
+end
 redis.call('DEL', KEYS[1])
 if KEYS[4] and KEYS[4] ~= '' then redis.call('DEL', KEYS[4]) end
 if redis.call('LLEN', KEYS[2]) > 0 then
@@ -101,14 +106,8 @@ if redis.call('LLEN', KEYS[2]) > 0 then
 end
 redis.call('ZREM', KEYS[3], ARGV[1])
 if KEYS[5] then
-  local holder = redis.call('GET', KEYS[5])
-  if holder == ARGV[2] then
-    redis.call('DEL', KEYS[5])
-    return 2
-  end
-  if not holder then
-    return 2
-  end
+  redis.call('DEL', KEYS[5])
+  return 2
 end
 return 0
 """
@@ -323,7 +322,7 @@ class Inbox:
                 pipe = self._r.pipeline(transaction=False)
                 queue_script(pipe, self._finish, keys, args)
                 state = (await execute_with(pipe, also))[0]
-            if state == 2 and lock is not None:  # 2 only when no other token holds the key
+            if state == 2 and lock is not None:  # the lock is not ours any more
                 lock.forget()
         return state == 1
 

@@ -8,6 +8,7 @@ request again. Steps whose retry must still read as their own are tested with th
 from __future__ import annotations
 
 import random
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -24,11 +25,13 @@ class LostReplies:
 
     def __init__(
         self, monkeypatch: pytest.MonkeyPatch, marker: str, times: int, *, commands: tuple[str, ...] = (),
-        rate: float = 1.0, seed: int = 0,
+        rate: float = 1.0, seed: int = 0, meanwhile: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """With ``rate`` below 1, each matching request is lost with that chance (drawn
-        from ``seed``, so a failure reproduces), until ``times`` were."""
+        from ``seed``, so a failure reproduces), until ``times`` were. ``meanwhile`` runs
+        after a request was applied and before its retry (what others did in between)."""
         self.marker = marker
+        self.meanwhile = meanwhile
         self.commands = {c.upper() for c in commands}
         self.rate = rate
         self._rng = random.Random(seed)
@@ -58,6 +61,8 @@ class LostReplies:
             self.left -= 1
             self.lost += 1
             await conn.disconnect()
+            if self.meanwhile is not None:
+                await self.meanwhile()
             raise RedisConnectionError("Connection closed by server.")
 
     def _matches(self, args: Any) -> bool:

@@ -123,3 +123,26 @@ async def test_a_finish_sent_again_still_lets_go_of_the_lock(
     assert not await inbox.finish(dm_session(), claim.batch[0].run_id, lock=lock)
     assert lock.token is None and not lock.is_held
     assert await store_client.exists(lock.key) == 0
+
+
+async def test_a_finish_sent_again_leaves_the_next_holder_its_batch(
+    store_client: aioredis.Redis, redis_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The first finish released the lock; before its retry, a new message took the lock and
+    # its batch. The retry must not delete that batch, the new holder's to finish.
+    inbox = Inbox(store_client, redis_prefix)
+    lock = SessionLock(store_client, Keys(redis_prefix), dm_session(), ttl_s=3)
+    await waiting(inbox, "answered")
+    claim = await inbox.lock_and_claim(dm_session(), lock)
+    assert claim is not None
+
+    async def next_message_taken() -> None:
+        other = Inbox(redis_client, redis_prefix)
+        await other.enqueue(chat_request("arrived meanwhile"), 20)
+        assert await other.lock_and_claim(dm_session(), SessionLock(redis_client, Keys(redis_prefix), dm_session(),
+                                                                    ttl_s=3, auto_renew=False))
+
+    LostReplies(monkeypatch, ":running:", 1, commands=SCRIPTS, meanwhile=next_message_taken)
+    assert not await inbox.finish(dm_session(), claim.batch[0].run_id, lock=lock)
+    assert lock.token is None and not lock.is_held
+    assert await running_texts(inbox) == ["arrived meanwhile"]
