@@ -253,9 +253,12 @@ class Inbox:
         console's, a heartbeat's run-now) is marked by its run id for a while: an enqueue
         redis-py sends again after its reply was lost, perhaps once the message was
         answered, is then a duplicate instead of the message a second time."""
-        dedupe, ttl_s = (dedupe_key, DEDUPE_TTL_S) if dedupe_key else (f"run:{req.run_id}", RUN_MARK_TTL_S)
+        if dedupe_key:
+            mark, ttl_s = self._keys.dedupe(dedupe_key), DEDUPE_TTL_S
+        else:
+            mark, ttl_s = self._keys.run_mark(req.run_id), RUN_MARK_TTL_S
         return (
-            [self._inbox(req.session_key), self._running(req.session_key), self._pending, self._keys.dedupe(dedupe)],
+            [self._inbox(req.session_key), self._running(req.session_key), self._pending, mark],
             [req.model_dump_json(), cap, time.time(), req.session_key, _KEEP_MS, int(ttl_s)],
         )
 

@@ -70,6 +70,10 @@ class Keys:
     def dedupe(self, key: str) -> str:
         return self.key("dedupe", key)
 
+    def run_mark(self, run_id: str) -> str:
+        """The dedupe mark of a message that has no dedupe key of its own (the console's)."""
+        return self.dedupe(f"run:{run_id}")
+
     def kv(self, key: str) -> str:
         return self.key("kv", key)
 

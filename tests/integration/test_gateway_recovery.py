@@ -13,6 +13,7 @@ from agent.types import Message, RunResult
 from bot.gateway.inbox import Inbox
 from bot.gateway.reply import DeliveryLedger
 from bot.store.connection import RETRIES
+from bot.store.keys import Keys
 from tests.fakes.lost_replies import LostReplies
 from tests.fakes.openai_server import FakeOpenAI, Reply
 from tests.fakes.recording_channel import RecordingChannel
@@ -183,7 +184,7 @@ async def test_a_batch_that_keeps_failing_is_abandoned_with_a_notice(
     tmp_path: Path, redis_url: str, redis_prefix: str, redis_client: aioredis.Redis
 ) -> None:
     run_id = await _leave_work_behind(redis_client, redis_prefix, "the poison message")
-    await redis_client.sadd(f"{redis_prefix}:resumes:{run_id}", "a", "b", "c")  # three replicas died on it already
+    await redis_client.sadd(Keys(redis_prefix).resumes(run_id), "a", "b", "c")  # three replicas died on it already
     await Inbox(redis_client, redis_prefix).enqueue(chat_request("a later message"), 20)
     async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
         fake.script(Reply.text("answer to the later message"))
@@ -200,7 +201,7 @@ async def test_a_resume_counted_again_after_a_lost_reply_counts_once(
     tmp_path: Path, redis_url: str, redis_prefix: str, redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     run_id = await _leave_work_behind(redis_client, redis_prefix, "left by a replica that died")
-    await redis_client.sadd(f"{redis_prefix}:resumes:{run_id}", "a", "b")  # two attempts so far: one more is allowed
+    await redis_client.sadd(Keys(redis_prefix).resumes(run_id), "a", "b")  # two attempts so far: one more is allowed
     lost = LostReplies(monkeypatch, f":resumes:{run_id}", RETRIES)  # every try but the last loses its reply
     async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
         fake.script(Reply.text("answered on the third attempt"))

@@ -40,7 +40,7 @@ async def test_a_take_sent_again_hands_over_what_it_moved(
     assert [r.text for r in await inbox.take(dm_session())] == ["one", "two"]
     assert lost.lost == 1
     assert await running_texts(inbox) == ["one", "two"]  # moved once
-    [record] = await store_client.keys(f"{redis_prefix}:taken:*")  # the take's count, for a while only
+    [record] = await store_client.keys(Keys(redis_prefix).pattern("taken"))  # the take's count, for a while only
     assert 0 < await store_client.pttl(record) <= TAKEN_KEEP_MS
     await waiting(inbox, "three")
     assert [r.text for r in await inbox.take(dm_session())] == ["three"]  # the next take is its own
@@ -106,7 +106,7 @@ async def test_an_enqueue_sent_again_after_its_message_was_answered_is_a_duplica
     assert (await inbox.enqueue(req, 20, dedupe_key=dedupe_key)).duplicate
     assert await inbox.take(dm_session()) == []
     if dedupe_key is None:  # marked by its run id, for a while only
-        assert 0 < await store_client.ttl(f"{redis_prefix}:dedupe:run:{req.run_id}") <= RUN_MARK_TTL_S
+        assert 0 < await store_client.ttl(Keys(redis_prefix).run_mark(req.run_id)) <= RUN_MARK_TTL_S
 
 
 async def test_a_finish_sent_again_still_lets_go_of_the_lock(
