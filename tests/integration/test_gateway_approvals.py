@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,20 @@ def _tools_file(tmp_path: Path) -> dict[str, str]:
     return {"cli_tools_file": str(path)}
 
 
+@contextlib.asynccontextmanager
+async def deploy_asked(
+    tmp_path: Path, redis_url: str, redis_prefix: str, answer: str, **sections: dict[str, object]
+) -> AsyncIterator[tuple[FakeOpenAI, Bot, str]]:
+    """A daemon asked to deploy, waiting for the approval it requested; the model then says ``answer``."""
+    async with (
+        FakeOpenAI() as fake,
+        running_daemon(tmp_path, fake, redis_url, redis_prefix, security=_tools_file(tmp_path), **sections) as bot,
+    ):
+        fake.script(Reply.tool_calls([DEPLOY]), Reply.text(answer))
+        await bot.send("deploy web please")
+        yield fake, bot, await _approval_id(bot)
+
+
 async def _approval_id(bot: Bot) -> str:
     await bot.channel.wait_for(lambda ch: ch.approvals)
     [(approval_id, summary)] = bot.channel.approvals
@@ -53,13 +69,7 @@ def _tool_result(body: dict[str, object]) -> dict[str, object]:
 
 
 async def test_approved_admin_tool_runs(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
-    async with (
-        FakeOpenAI() as fake,
-        running_daemon(tmp_path, fake, redis_url, redis_prefix, security=_tools_file(tmp_path)) as bot,
-    ):
-        fake.script(Reply.tool_calls([DEPLOY]), Reply.text("Deployed web."))
-        await bot.send("deploy web please")
-        approval_id = await _approval_id(bot)
+    async with deploy_asked(tmp_path, redis_url, redis_prefix, "Deployed web.") as (fake, bot, approval_id):
         assert not (bot.cfg.workspace / "deployed-web").exists()  # nothing runs before the answer
         result = await bot.send(f"/approve {approval_id}")
         assert (result.status, result.detail) == ("command", "approve")
@@ -74,13 +84,7 @@ async def test_approved_admin_tool_runs(tmp_path: Path, redis_url: str, redis_pr
 
 
 async def test_denied_admin_tool_does_not_run(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
-    async with (
-        FakeOpenAI() as fake,
-        running_daemon(tmp_path, fake, redis_url, redis_prefix, security=_tools_file(tmp_path)) as bot,
-    ):
-        fake.script(Reply.tool_calls([DEPLOY]), Reply.text("Understood, not deploying."))
-        await bot.send("deploy web please")
-        approval_id = await _approval_id(bot)
+    async with deploy_asked(tmp_path, redis_url, redis_prefix, "Understood, not deploying.") as (fake, bot, approval_id):
         # Only the chat the request was posted in may answer it.
         await bot.send(f"/approve {approval_id}", chat_id="999")
         assert bot.channel.texts("notice") == [f"Approval request {approval_id} belongs to another chat."]
@@ -95,20 +99,9 @@ async def test_denied_admin_tool_does_not_run(tmp_path: Path, redis_url: str, re
 
 
 async def test_unanswered_approval_fails_closed(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
-    async with (
-        FakeOpenAI() as fake,
-        running_daemon(
-            tmp_path,
-            fake,
-            redis_url,
-            redis_prefix,
-            security=_tools_file(tmp_path),
-            gateway={"approval_timeout_s": 0.5},
-        ) as bot,
-    ):
-        fake.script(Reply.tool_calls([DEPLOY]), Reply.text("Nobody approved, so I did not deploy."))
-        await bot.send("deploy web please")
-        approval_id = await _approval_id(bot)
+    async with deploy_asked(
+        tmp_path, redis_url, redis_prefix, "Nobody approved, so I did not deploy.", gateway={"approval_timeout_s": 0.5}
+    ) as (fake, bot, approval_id):
         await bot.channel.wait_for(lambda ch: ch.texts("part"))
         await bot.wait_idle()
         assert not (bot.cfg.workspace / "deployed-web").exists()
@@ -119,16 +112,10 @@ async def test_unanswered_approval_fails_closed(tmp_path: Path, redis_url: str, 
 
 
 async def test_stop_cancels_a_pending_approval(tmp_path: Path, redis_url: str, redis_prefix: str) -> None:
-    async with (
-        FakeOpenAI() as fake,
-        running_daemon(tmp_path, fake, redis_url, redis_prefix, security=_tools_file(tmp_path)) as bot,
-    ):
-        fake.script(Reply.tool_calls([DEPLOY]), Reply.text("should never be asked for"))
-        await bot.send("deploy web please")
-        approval_id = await _approval_id(bot)
+    async with deploy_asked(tmp_path, redis_url, redis_prefix, "should never be asked for") as (fake, bot, approval_id):
         await bot.send("/stop")
         await bot.wait_idle()
-        stored = await bot.redis.get(f"{redis_prefix}:approval:{approval_id}")
+        stored = await bot.redis.get(bot.keys.approval(approval_id))
         assert stored is not None and json.loads(stored)["status"] == "cancelled"
         await bot.send(f"/approve {approval_id}")
         assert bot.channel.texts("notice") == [
@@ -146,13 +133,7 @@ async def test_an_answer_sent_again_after_a_lost_reply_is_still_the_answer(
     tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The store records the approval and its reply is lost; redis-py sends it again.
-    async with (
-        FakeOpenAI() as fake,
-        running_daemon(tmp_path, fake, redis_url, redis_prefix, security=_tools_file(tmp_path)) as bot,
-    ):
-        fake.script(Reply.tool_calls([DEPLOY]), Reply.text("Deployed web."))
-        await bot.send("deploy web please")
-        approval_id = await _approval_id(bot)
+    async with deploy_asked(tmp_path, redis_url, redis_prefix, "Deployed web.") as (_fake, bot, approval_id):
         lost = LostReplies(monkeypatch, f":approval:{approval_id}", 1, commands=("EVAL", "EVALSHA"))
         await bot.send(f"/approve {approval_id}")
         assert lost.lost == 1

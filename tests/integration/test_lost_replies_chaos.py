@@ -7,6 +7,8 @@ lost, every message is answered, exactly once, and the history holds each turn o
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -18,21 +20,31 @@ from tests.integration.gateway_harness import Bot, dm_session, roles, running_da
 
 RATE = 0.1  # of the requests under the test's prefix, each way of sending them
 CHATS = ("201", "202", "203")
+TURNS = 12
 
 
-async def wait_idle(bot: Bot, client: aioredis.Redis) -> None:
-    """``bot.wait_idle`` for every chat, through a client of the test's own: the daemon's
-    loses replies, and this wait is not what is tested."""
-    prefix = bot.cfg.redis.prefix
+@contextlib.asynccontextmanager
+async def losing_replies(
+    tmp_path: Path, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> AsyncIterator[tuple[Bot, LostReplies]]:
+    """A running daemon, with ``RATE`` of its store requests losing their reply."""
+    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
+        yield bot, LostReplies(monkeypatch, redis_prefix + ":", 10**6, rate=RATE, seed=seed)
+
+
+async def settle(bot: Bot, client: aioredis.Redis, lost: LostReplies) -> None:
+    """Wait until every chat is idle, then stop losing replies (the checks read the store).
+    The wait goes through a client of the test's own: the daemon's loses replies, and this
+    wait is not what is tested."""
     for chat in CHATS:
         sk = dm_session(chat)
 
         async def idle(sk: str = sk) -> bool:
-            busy = await client.exists(f"{prefix}:inbox:{sk}", f"{prefix}:running:{sk}", bot.keys.lock(sk))
+            busy = await client.exists(bot.keys.inbox(sk), bot.keys.running(sk), bot.keys.lock(sk))
             return not busy and sk not in bot.gateway.workers.tasks
 
         await wait_until(idle, timeout=30, what=f"session {sk} to become idle")
-TURNS = 12
+    lost.left = 0
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -40,9 +52,7 @@ async def test_every_message_is_answered_once_whatever_replies_are_lost(
     tmp_path: Path, redis_url: str, redis_prefix: str, redis_client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch,
     seed: int,
 ) -> None:
-    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
-        lost = LostReplies(monkeypatch, redis_prefix + ":", 10**6, rate=RATE, seed=seed)
-
+    async with losing_replies(tmp_path, redis_url, redis_prefix, monkeypatch, seed) as (bot, lost):
         def answers(chat: str) -> list[str]:
             return [s.text for s in bot.channel.sent if s.chat_id == chat and s.kind == "part"]
 
@@ -53,8 +63,7 @@ async def test_every_message_is_answered_once_whatever_replies_are_lost(
                 await bot.channel.wait_for(lambda ch, text=text: text in answers(chat), timeout=30)
 
         await asyncio.gather(*(converse(chat) for chat in CHATS))
-        await wait_idle(bot, redis_client)
-        lost.left = 0
+        await settle(bot, redis_client, lost)
         assert lost.lost >= 10, f"only {lost.lost} replies were lost: the test proves little"
         assert bot.channel.texts("notice") == []
         for chat in CHATS:
@@ -69,8 +78,7 @@ async def test_messages_in_bursts_each_reach_the_model_once_whatever_replies_are
     seed: int,
 ) -> None:
     # Bursts: messages that arrive during a run are folded or steered into it (takes).
-    async with FakeOpenAI() as fake, running_daemon(tmp_path, fake, redis_url, redis_prefix) as bot:
-        lost = LostReplies(monkeypatch, redis_prefix + ":", 10**6, rate=RATE, seed=seed)
+    async with losing_replies(tmp_path, redis_url, redis_prefix, monkeypatch, seed) as (bot, lost):
         sent: dict[str, list[str]] = {chat: [] for chat in CHATS}
 
         async def burst(chat: str) -> None:
@@ -82,8 +90,7 @@ async def test_messages_in_bursts_each_reach_the_model_once_whatever_replies_are
                 await asyncio.sleep(0.05)
 
         await asyncio.gather(*(burst(chat) for chat in CHATS))
-        await wait_idle(bot, redis_client)
-        lost.left = 0
+        await settle(bot, redis_client, lost)
         assert bot.channel.texts("notice") == []
         for chat in CHATS:
             history = await bot.sessions.history(dm_session(chat))
