@@ -1,4 +1,5 @@
-"""Background tasks that stop for sure: the one home of the cancellation workarounds.
+"""Background tasks that stop for sure (the one home of the cancellation workarounds),
+and the slots tasks take turns on.
 
 Some libraries swallow a cancellation that lands while a call is in flight: redis-py's
 asyncio client (8.x) while a command runs or it (re)connects, and the HTTP stack
@@ -11,6 +12,8 @@ finished (within a bound), and let a loop re-raise a cancellation a call swallow
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
@@ -107,3 +110,45 @@ class TaskSet:
         self._tasks.discard(task)
         if not task.cancelled() and task.exception() is not None:
             log.error("tasks.failed", task=task.get_name(), error=repr(task.exception()))
+
+
+class Slots:
+    """A bounded number of slots, first come first served. Unlike a semaphore's, a free one
+    is taken without awaiting (:meth:`take_now`), so a caller can hold it before its first
+    await and nothing that was waiting meanwhile takes it from under it."""
+
+    def __init__(self, size: int) -> None:
+        self._free = size
+        self._waiting: collections.deque[asyncio.Future[None]] = collections.deque()
+
+    def take_now(self) -> bool:
+        if self._free <= 0 or self._waiting:
+            return False
+        self._free -= 1
+        return True
+
+    async def take(self) -> None:
+        if not self.take_now():
+            handed = asyncio.get_running_loop().create_future()
+            self._waiting.append(handed)
+            try:
+                await handed
+            except asyncio.CancelledError:
+                if handed.done() and not handed.cancelled():
+                    self.give()  # handed a slot just as it was cancelled: pass it on
+                with contextlib.suppress(ValueError):
+                    self._waiting.remove(handed)
+                raise
+
+    def give(self) -> None:
+        while self._waiting:
+            handed = self._waiting.popleft()
+            if not handed.done():
+                handed.set_result(None)
+                return
+        self._free += 1
+
+    @property
+    def contended(self) -> bool:
+        """Someone is waiting for a slot."""
+        return bool(self._waiting)

@@ -23,7 +23,7 @@ import structlog
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from agent.tasks import stop_task, uncancel_current
+from agent.tasks import Slots, stop_task, uncancel_current
 from agent.types import RunRequest
 from bot import metrics
 from bot.config import BotdConfig
@@ -83,7 +83,7 @@ class Workers:
         self._rekick: set[str] = set()  # kicked while its worker was already running
         self._claiming: set[str] = set()  # sessions whose lock a submitter holds (claim_lock) until its claim is back
         self._early_stops: dict[str, float] = {}  # stops that came before the session's run was registered
-        self._slots = asyncio.Semaphore(cfg.gateway.max_concurrent_runs)
+        self._slots = Slots(cfg.gateway.max_concurrent_runs)
         self._closing = False
         self._sweeper: asyncio.Task[None] | None = None
         self._kicks = 0  # kick() calls so far: a sweep goes quiet only if none came in meanwhile
@@ -136,23 +136,19 @@ class Workers:
     def claim_lock(self, session_key: str) -> SessionLock | None:
         """The session's lock, for a submitter to take together with its message
         (``Inbox.enqueue_and_claim``) when this replica would serve the session at once: no
-        worker of the session here nor a claim of it under way, and a run slot for it even
-        if every worker here and every lock handed out before held one. None otherwise: the
-        message is queued, and kicked or folded as usual, so a burst beyond the slots takes
-        no lock it would hold waiting (another replica may be free to serve it). Each lock
-        handed out counts until :meth:`claim_returned`."""
+        worker of the session here nor a claim of it under way, and a run slot taken for it
+        now, which no worker kicked meanwhile can take. None otherwise: the message is
+        queued, and kicked or folded as usual, so a burst beyond the slots takes no lock it
+        would hold waiting (another replica may be free to serve it). The slot is the
+        claim's worker's, or given back by :meth:`claim_returned`."""
         if (
             self._closing or session_key in self.tasks or session_key in self._claiming
-            or len(self.tasks) + self._reserved >= self.cfg.gateway.max_concurrent_runs
+            or len(self.tasks) + len(self._claiming) >= self.cfg.gateway.max_concurrent_runs
+            or not self._slots.take_now()
         ):
             return None
         self._claiming.add(session_key)
         return self._new_lock(session_key)
-
-    @property
-    def _reserved(self) -> int:
-        """Locks handed to submitters whose claim has not come back."""
-        return len(self._claiming)
 
     def _new_lock(self, session_key: str) -> SessionLock:
         """The session's lock, whose loss cancels the session's run here."""
@@ -163,9 +159,8 @@ class Workers:
         claim that takes the session's lock and batch (``Inbox.enqueue_and_claim``): the
         run then starts without a round trip of its own. Holding the lock, nobody else
         changes the history in between; a stop written after the read is caught by
-        :meth:`stop`. When the lock is held elsewhere, the reads go unused: plain reads
-        waste a history's transfer then, where a Lua step guarding them on the lock cost
-        the server several times their price on every lone message."""
+        :meth:`stop`. Plain reads, unused when the lock is held elsewhere: a Lua step
+        guarding them on the lock cost the server more on every lone message."""
         sessions, stop_key = self._executor.deps.sessions, self._signals.key(session_key)
 
         def queue(pipe: Pipeline) -> Callable[[list[Any]], RunStart]:
@@ -179,8 +174,10 @@ class Workers:
         claim, if it got one (and then counts among the tasks)."""
         self._claiming.discard(session_key)
         if claim is not None:
-            self.kick(session_key, (lock, claim))
-        elif session_key not in self.tasks:
+            self.kick(session_key, (lock, claim))  # its worker holds the slot taken for it
+            return
+        self._slots.give()
+        if session_key not in self.tasks:
             self._early_stops.pop(session_key, None)
 
     def kick(self, session_key: str, claimed: tuple[SessionLock, Claim] | None = None) -> None:
@@ -212,35 +209,40 @@ class Workers:
     async def _serve(self, session_key: str, claimed: tuple[SessionLock, Claim] | None = None) -> None:
         held = False
         waiting = False
+        slot = claimed is not None  # an intake's claim comes with the slot taken for it
         try:
-            async with self._slots:
-                if claimed is not None:  # taken at intake; when closing, _drain leaves it for a resume
-                    lock, claim = claimed
-                else:
-                    if self._closing:  # stopping while this worker waited for a slot: take nothing
-                        return
-                    lock = self._new_lock(session_key)
-                    found = await self._inbox.lock_and_claim(session_key, lock)
-                    if found is None:
-                        return
-                    claim = found
-                held = True
-                try:
-                    await self._drain(session_key, lock, claim)
-                finally:
-                    # Released together with a look at the inbox (by the last finish, or
-                    # here): a message that arrived meanwhile (its submitter saw the lock
-                    # held) is served again below. Kicks are forgotten just before a look
-                    # at the inbox, never after it (as in ``_finish``).
-                    if lock.token is not None:
-                        self._rekick.discard(session_key)
-                        waiting = True
-                        with contextlib.suppress(Exception):
-                            waiting = await asyncio.shield(lock.release_and_check())
+            if not slot:
+                await self._slots.take()
+                slot = True
+            if claimed is not None:  # taken at intake; when closing, _drain leaves it for a resume
+                lock, claim = claimed
+            else:
+                if self._closing:  # stopping while this worker waited for a slot: take nothing
+                    return
+                lock = self._new_lock(session_key)
+                found = await self._inbox.lock_and_claim(session_key, lock)
+                if found is None:
+                    return
+                claim = found
+            held = True
+            try:
+                await self._drain(session_key, lock, claim)
+            finally:
+                # Released together with a look at the inbox (by the last finish, or
+                # here): a message that arrived meanwhile (its submitter saw the lock
+                # held) is served again below. Kicks are forgotten just before a look
+                # at the inbox, never after it (as in ``_finish``).
+                if lock.token is not None:
+                    self._rekick.discard(session_key)
+                    waiting = True
+                    with contextlib.suppress(Exception):
+                        waiting = await asyncio.shield(lock.release_and_check())
         except RedisError as exc:
             log.warning("worker.store_error", session_key=session_key, error=str(exc))
             return
         finally:
+            if slot:
+                self._slots.give()
             self._forget(session_key, asyncio.current_task())
         if session_key in self.tasks:  # a worker that started on an intake's claim meanwhile
             return
@@ -280,7 +282,7 @@ class Workers:
                 return  # left for a retry (shutdown, lock lost, store error)
             if not await self._finish(session_key, lock, batch[0].run_id, outcome.also):
                 return
-            if self._slots.locked():
+            if self._slots.contended:
                 return  # others are waiting for a slot; the re-kick in _serve requeues us
             claim = await self._inbox.claim(session_key)
 

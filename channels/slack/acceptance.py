@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import structlog
 from slack_bolt.response import BoltResponse
 
+from agent.tasks import Slots
 from channels.slack.http_events import NOT_ACCEPTED_STATUS
 from channels.slack.intake import Outcome
 
@@ -48,7 +49,7 @@ class AcceptGate:
         self._observer = observer
         self._inflight: set[asyncio.Task[Any]] = set()
         # Events are handled concurrently; a burst must not exhaust the store's connections.
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._slots = Slots(max_concurrent)
 
     async def accept(self, kind: str, work: Callable[[], Awaitable[Outcome]], within_s: float) -> Outcome:
         """Run ``work`` (normalize and submit one inbound request) and tell whether it was
@@ -64,12 +65,10 @@ class AcceptGate:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within_s
         outcome: Outcome | None = None
-        if not self._slots.locked():
-            await self._slots.acquire()  # a free slot is taken without waiting
-        else:
+        if not self._slots.take_now():
             try:
                 async with asyncio.timeout_at(deadline):
-                    await self._slots.acquire()
+                    await self._slots.take()
             except TimeoutError:
                 outcome = Outcome("failed", "busy")
         if outcome is None:
@@ -115,7 +114,7 @@ class AcceptGate:
             log.error("slack.inbound_failed", kind=kind, error=str(exc))
             return Outcome("failed", type(exc).__name__)
         finally:
-            self._slots.release()
+            self._slots.give()
 
     @staticmethod
     def _log_late(kind: str, task: asyncio.Task[Outcome]) -> None:

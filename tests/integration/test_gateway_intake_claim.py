@@ -119,7 +119,35 @@ async def test_a_burst_beyond_the_run_slots_takes_no_lock_it_would_wait_with(
         for chat in chats:
             await bot.wait_idle(chat)
         assert sorted(bot.channel.texts("part")) == sorted(f"hello from {chat}" for chat in chats)
-        assert bot.gateway.workers._reserved == 0
+        assert not bot.gateway.workers._claiming and not bot.gateway.workers._slots.contended
+
+
+async def test_a_worker_kicked_while_a_claim_is_in_flight_waits_behind_it(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    # The replies of a burst's claims and queued messages can come back in any order: a
+    # worker kicked for a queued message before a claim is back must not take the claim's
+    # slot (and then its session's lock, while the claim's worker waits holding its own).
+    gate = Gate(Reply.text("to the claim"), Reply.text("to the queued"))
+    fake.responder = gate
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix, gateway={"max_concurrent_runs": 1}) as bot:
+        workers, claimed, queued = bot.gateway.workers, dm_session("1"), dm_session("2")
+        lock = workers.claim_lock(claimed)
+        assert lock is not None
+        await bot.gateway.inbox.enqueue(chat_request("queued", chat_id="2"), 20)
+        workers.kick(queued)
+        await asyncio.sleep(0.3)
+        assert not await bot.redis.exists(bot.keys.lock(queued))  # waiting for the slot, without its lock
+        assert workers.claim_lock(dm_session("3")) is None  # the one slot is the claim's
+        _, claim = await bot.gateway.inbox.enqueue_and_claim(chat_request("claimed", chat_id="1"), 20, lock)
+        workers.claim_returned(claimed, lock, claim)
+        await gate.wait_waiting()
+        assert gate.waiting == 1 and not await bot.redis.exists(bot.keys.lock(queued))
+        gate.release(2)
+        await bot.wait_idle("1")
+        await bot.wait_idle("2")
+        assert bot.channel.texts("part") == ["to the claim", "to the queued"]
+        assert not workers._claiming and not workers._slots.contended
 
 
 async def test_interrupt_mode_queues_without_taking_the_lock(
