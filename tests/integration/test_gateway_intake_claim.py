@@ -150,6 +150,24 @@ async def test_a_worker_kicked_while_a_claim_is_in_flight_waits_behind_it(
         assert not workers._claiming and not workers._slots.contended
 
 
+async def test_a_busy_chat_gives_its_slot_to_a_waiting_one_between_batches(
+    tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str
+) -> None:
+    gate = Gate()  # echoes each batch's last message
+    fake.responder = gate
+    config = {"gateway": {"max_concurrent_runs": 1}, "queue": {"mode": "followup"}}
+    async with running_daemon(tmp_path, fake, redis_url, redis_prefix, **config) as bot:
+        await bot.send("busy one", chat_id="1")
+        await gate.wait_waiting()
+        await bot.send("busy two", chat_id="1")  # for the busy chat's worker, after its batch
+        await bot.send("waiting", chat_id="2")  # kicked: waits for the one slot
+        await wait_until(lambda: bot.gateway.workers._slots.contended, what="the second chat to wait")
+        gate.release(3)
+        await bot.wait_idle("1")
+        await bot.wait_idle("2")
+        assert bot.channel.texts("part") == ["busy one", "waiting", "busy two"]
+
+
 async def test_interrupt_mode_queues_without_taking_the_lock(
     tmp_path: Path, fake: FakeOpenAI, redis_url: str, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
