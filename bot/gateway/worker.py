@@ -164,9 +164,9 @@ class Workers:
         sessions, stop_key = self._executor.deps.sessions, self._signals.key(session_key)
 
         def queue(pipe: Pipeline) -> Callable[[list[Any]], RunStart]:
+            pipe.get(stop_key)  # first, so the context's reader takes all the replies after it
             context = sessions.queue_context(pipe, session_key)
-            pipe.get(stop_key)
-            return lambda replies: RunStart(context(replies), replies[3], time.monotonic())
+            return lambda replies: RunStart(context(replies[1:]), replies[0], time.monotonic())
         return queue
 
     def claim_returned(self, session_key: str, lock: SessionLock, claim: Claim | None) -> None:

@@ -42,7 +42,7 @@ async def test_a_lone_message_is_queued_and_claimed_in_one_round_trip(
         intake = requests.touching(bot.keys.inbox(session))[0]
         assert lock.encode() in intake and b"hello" in intake
         assert bot.keys.session_messages(session).encode() in intake
-        assert requests.commands(bot.keys.inbox(session))[0] == "EVAL+EVAL+EVAL+LRANGE+GET+HGETALL+GET"
+        assert requests.commands(bot.keys.inbox(session))[0] == "EVAL+EVAL+EVAL+GET+LRANGE+GET+HGETALL"
         # The lock is taken there and nowhere else (the worker does not try again).
         assert [r for r in requests.sent if ACQUIRE.encode() in r] == [intake]
         assert bot.channel.texts("part") == ["hello back"]
