@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import json
 import time
+import uuid
 from collections.abc import Callable, Mapping
 
 import redis.asyncio as aioredis
@@ -38,10 +39,16 @@ log = structlog.get_logger(__name__)
 UNDELIVERED_TEXT = "Sorry — part of my answer could not be delivered here, even after retrying. Please ask again."
 
 # Take a due part: only if it is still due, push its score a lease ahead (atomic across replicas).
+# Lease a due part till ARGV[3] under the token ARGV[4]; a claim sent again after its
+# reply was lost finds its own token and is still the claim (not another replica's).
 _CLAIM = """
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if not score or tonumber(score) > tonumber(ARGV[2]) then return 0 end
+if not score then return 0 end
+if tonumber(score) > tonumber(ARGV[2]) then
+  return redis.call('HGET', KEYS[2], ARGV[1]) == ARGV[4] and 1 or 0
+end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[4])
 return 1
 """
 
@@ -98,6 +105,7 @@ class Redelivery:
         self._r = client
         self._due = keys.redelivery_due()
         self._items = keys.redelivery_items()
+        self._claims = keys.redelivery_claims()
         self._channels = channels
         self._ledger = ledger
         self.max_age_s = max_age_s
@@ -168,11 +176,13 @@ class Redelivery:
         members = [str(member) for member, due in earliest if due <= now]
         handled = 0
         for member in members:
-            if not await self._r.eval(_CLAIM, 1, self._due, member, now, now + self.lease_s):
+            token = uuid.uuid4().hex
+            if not await self._r.eval(_CLAIM, 2, self._due, self._claims, member, now, now + self.lease_s, token):
                 continue  # another replica took it
             raw = await self._r.hget(self._items, member)
             if raw is None:
                 await self._r.zrem(self._due, member)
+                await self._r.hdel(self._claims, member)
                 continue
             handled += 1
             await self._attempt(PendingPart.load(str(raw)))
@@ -233,6 +243,7 @@ class Redelivery:
         pipe = self._r.pipeline(transaction=True)
         pipe.zrem(self._due, part.member)
         pipe.hdel(self._items, part.member)
+        pipe.hdel(self._claims, part.member)
         await pipe.execute()
 
     async def _give_up(self, part: PendingPart, reason: str) -> None:

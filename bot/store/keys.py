@@ -202,3 +202,7 @@ class Keys:
     def redelivery_items(self) -> str:
         """Hash of pending parts: member -> what to send and where."""
         return self.key("redelivery", "items")
+
+    def redelivery_claims(self) -> str:
+        """Hash of pending parts: member -> the token of its last claim (its retry's proof)."""
+        return self.key("redelivery", "claims")

@@ -16,6 +16,7 @@ from bot.gateway.reply import DeliveryLedger, Reply
 from bot.store.keys import Keys
 from channels.base import Target
 from channels.telegram.adapter import TelegramChannel
+from tests.fakes.lost_replies import LostReplies
 from tests.fakes.telegram_context import TelegramHarness
 
 pytestmark = pytest.mark.timeout(60)
@@ -86,6 +87,24 @@ async def test_a_failed_part_is_delivered_later_once_by_whichever_replica_is_up(
     clock.now += 600
     assert await a.run_due() == 0 and await a.pending() == 0
     assert texts(h) == ["The answer"]
+
+
+async def test_a_claim_sent_again_after_its_reply_was_lost_is_still_this_replicas(
+    h: TelegramHarness, ch: TelegramChannel, ledger: DeliveryLedger, store_client: aioredis.Redis,
+    redis_prefix: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Read as another replica's lease, the part would wait out the lease (3 minutes).
+    clock = Clock()
+    worker = redelivery(store_client, redis_prefix, ch, ledger, clock)
+    h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
+    await fail_a_reply(ch, ledger, worker, "run-claim-lost")
+    clock.now += 6
+    lost = LostReplies(monkeypatch, "redelivery", 1, commands=("EVAL",))
+    assert await worker.run_due() == 1
+    assert lost.lost == 1
+    assert texts(h) == ["The answer"]
+    assert await worker.pending() == 0
+    assert not await store_client.exists(Keys(redis_prefix).redelivery_claims())
 
 
 async def test_a_part_failing_for_the_whole_window_is_given_up_counted_and_the_chat_told_once(
