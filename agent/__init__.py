@@ -18,6 +18,7 @@ nothing of chats or Redis; the daemon passes everything in.
                       ``compaction_summary.py``).
 - ``prompt.py``       the system prompt (``prompt_files.py`` reads the workspace files).
 - ``guard.py``, ``sanitize.py``  inbound injection scan; outbound cleaning and silent replies.
-- ``tasks.py``        the one home of the cancellation workarounds.
+- ``tasks.py``        the one home of the cancellation workarounds; ``Slots``, a
+                      semaphore whose free slot is taken without awaiting.
 - ``tools/``          the tools and the sandbox they run in.
 """

@@ -9,8 +9,9 @@ Modules, in the order a message meets them (DESIGN.md §2):
                    parsed and answered at once (/compact in the background).
 - ``inbox.py``     the per-session inboxes in Redis (waiting → running → finished) and
                    the inbound dedupe of everything never queued (``Deduper``).
-- ``worker.py``    serving a session: lock and first batch, drain, run, sweep; stops that
-                   come before a run is registered.
+- ``worker.py``    serving a session: lock and first batch, drain, run, sweep; the run
+                   slots (one taken with an intake's claim); stops that come before a run
+                   is registered.
 - ``session_run.py`` ``SessionRun``: one run's cancellation (/stop, timeout, lost lock,
                    shutdown, fold) and the steering asked for before every LLM call.
 - ``run.py``       one batch as one run: resume a saved result, prepare, run the agent,
