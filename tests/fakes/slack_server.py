@@ -39,6 +39,7 @@ class ApiCall:
     args: dict[str, Any]
     token: str | None
     at: float = field(default_factory=time.monotonic)
+    fault: str = ""  # the fault it met, if any: error | malformed | drop | drop_after | hang
 
 
 @dataclass
@@ -213,11 +214,13 @@ class FakeSlack(SlackFileStore):
             token = auth[len("Bearer ") :]
         elif "token" in args:
             token = str(args.pop("token"))
-        self.calls.append(ApiCall(method, args, token))
+        call = ApiCall(method, args, token)
+        self.calls.append(call)
         await self._notify()
         if self.latency_s:
             await asyncio.sleep(self.latency_s)
         fault = self._take_fault(method)
+        call.fault = fault.kind if fault is not None else ""
         if fault is not None and fault.kind == "hang":
             await asyncio.sleep(fault.hang_s)
             fault = None
