@@ -38,9 +38,9 @@ log = structlog.get_logger(__name__)
 
 UNDELIVERED_TEXT = "Sorry — part of my answer could not be delivered here, even after retrying. Please ask again."
 
-# Take a due part: only if it is still due, push its score a lease ahead (atomic across replicas).
-# Lease a due part till ARGV[3] under the token ARGV[4]; a claim sent again after its
-# reply was lost finds its own token and is still the claim (not another replica's).
+# Take a due part: only if it is still due, push its score a lease ahead (to ARGV[3]) under
+# the token ARGV[4], atomic across replicas. A claim sent again after its reply was lost
+# finds its own token and is still the claim (not another replica's).
 _CLAIM = """
 local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
 if not score then return 0 end
