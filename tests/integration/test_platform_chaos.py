@@ -58,7 +58,22 @@ def marked(text: str, mark: str) -> bool:
     return re.search(rf"\b{mark}\b", text) is not None
 
 
-class Telegram:
+class Faulty:
+    """What both fakes share: seeded chaos on the methods a reply uses, and calm."""
+
+    METHODS: tuple[str, ...]
+    KINDS: tuple[str, ...]
+    fake: FakeTelegram | FakeSlack
+
+    def chaos(self, seed: int) -> None:
+        for n, method in enumerate(self.METHODS):
+            self.fake.chaos(method, RATE, kinds=self.KINDS, seed=seed * 100 + n, hang_s=HANG_S)
+
+    def calm(self) -> None:
+        self.fake.calm()
+
+
+class Telegram(Faulty):
     name = "telegram"
     METHODS = ("getUpdates", "sendChatAction", "sendMessage", "editMessageText", "deleteMessage",
                "setMessageReaction")
@@ -77,13 +92,6 @@ class Telegram:
             stream_edit_interval_s=0.3, lease_ttl_s=3.0, lease_renew_s=0.5, poll_timeout_s=1,
             poll_backoff_s=0.05, send_backoff_s=0.05, typing_interval_s=0.5, preview_timeout_s=1.0,
         ))
-
-    def chaos(self, seed: int) -> None:
-        for n, method in enumerate(self.METHODS):
-            self.fake.chaos(method, RATE, kinds=self.KINDS, seed=seed * 100 + n, hang_s=HANG_S)
-
-    def calm(self) -> None:
-        self.fake.calm()
 
     def struck(self) -> bool:
         return any(c.status != 200 for c in self.fake.calls)
@@ -110,7 +118,7 @@ class Telegram:
         return session_key("main", "telegram", "dm", str(self.user(chat)))
 
 
-class Slack:
+class Slack(Faulty):
     name = "slack"
     METHODS = ("chat.postMessage", "chat.update", "chat.delete", "reactions.add", "reactions.remove")
     KINDS = ("500", "503", "timeout", "drop", "drop_after", "malformed", "ratelimited", "message_not_found")
@@ -132,13 +140,6 @@ class Slack:
             bot_token=self.fake.bot_token, app_token=self.fake.app_token, mode="socket",
             api_base_url=self.fake.api_url, allow_from=tuple(self.user(c) for c in CHATS), api_timeout_s=5.0,
         ))
-
-    def chaos(self, seed: int) -> None:
-        for n, method in enumerate(self.METHODS):
-            self.fake.chaos(method, RATE, kinds=self.KINDS, seed=seed * 100 + n, hang_s=HANG_S)
-
-    def calm(self) -> None:
-        self.fake.calm()
 
     def struck(self) -> bool:
         return any(c.fault for c in self.fake.calls)
