@@ -22,6 +22,7 @@ import json
 import secrets
 import sys
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,7 +34,7 @@ from pydantic import BaseModel, ValidationError
 
 from bot.gateway.inbox import Deduper
 from bot.store.keys import Keys
-from bot.store.owned import OwnedKeys
+from bot.store.owned import OwnedKeys, shared_script
 from channels.base import ChannelAdapter, Target
 
 log = structlog.get_logger(__name__)
@@ -48,6 +49,17 @@ DENIED = "-"
 GC_MARGIN_S = 600  # Redis TTLs outlive the clock's expiry a little: the clock decides
 
 M = TypeVar("M", bound=BaseModel)
+
+# One code reply within the hour's budget (ARGV[2]), counted by its id (ARGV[1]): 1 when it
+# may be sent. Sent again after its reply was lost, it finds its id and is still allowed;
+# the set never holds more than the budget, however many messages a stranger sends.
+_COUNT_REPLY = """
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 1 end
+if redis.call('SCARD', KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
+redis.call('SADD', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+return 1
+"""
 
 APPROVED_TEXT = "You're approved: you can talk to me now."
 
@@ -109,6 +121,7 @@ class PairingStore:
         # Set-if-absent that reads as made when it already holds the same value: redis-py
         # sends a write again when its reply was lost, and the retry must not be a collision.
         self._owned = OwnedKeys(client)
+        self._count_reply = shared_script(client, _COUNT_REPLY)
 
     # ---- the stranger's side ----------------------------------------------------------
 
@@ -125,12 +138,9 @@ class PairingStore:
             request = await self._issue(channel, user_id, user_name, chat_id, stale=held, now=now)
             if request is None:
                 return Challenge(None, reply=False)
-        replies = self._keys.pairing_replies(channel, user_id, str(int(now // 3600)))
-        async with self._r.pipeline(transaction=True) as pipe:
-            pipe.incr(replies)
-            pipe.expire(replies, 2 * 3600)
-            count, _ = await pipe.execute()
-        return Challenge(request.code, reply=int(count) <= MAX_REPLIES_PER_HOUR)
+        replied = self._keys.pairing_replied(channel, user_id, str(int(now // 3600)))
+        reply = await self._count_reply(keys=[replied], args=[uuid.uuid4().hex, MAX_REPLIES_PER_HOUR, 2 * 3600])
+        return Challenge(request.code, reply=bool(reply))
 
     async def _issue(
         self, channel: str, user_id: str, user_name: str, chat_id: str, *, stale: str | None, now: float

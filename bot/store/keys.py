@@ -176,8 +176,9 @@ class Keys:
         """The live code of one user (or the denied marker), so a repeated DM repeats it."""
         return self.key("pairing", "user", channel, user_id)
 
-    def pairing_replies(self, channel: str, user_id: str, hour: str) -> str:
-        return self.key("pairing", "replies", channel, user_id, hour)
+    def pairing_replied(self, channel: str, user_id: str, hour: str) -> str:
+        """Set of the code replies' ids a stranger got in one hour (at most the budget)."""
+        return self.key("pairing", "replied", channel, user_id, hour)
 
     def pairing_pending(self) -> str:
         """Sorted set of live codes scored by expiry (unix seconds), for listing."""

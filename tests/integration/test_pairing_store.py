@@ -187,6 +187,26 @@ async def test_writes_retried_after_a_lost_reply_still_count_as_made(
     assert lost.lost == 1
 
 
+async def test_a_reply_counted_again_after_a_lost_reply_counts_once(
+    store_client: aioredis.Redis, keys: Keys, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Counted twice, the stranger would run out of code replies early.
+    store = PairingStore(store_client, keys, clock)
+    lost = LostReplies(monkeypatch, ":pairing:repl", MAX_REPLIES_PER_HOUR)
+    answers = [await store.challenge("telegram", "42", "Ann", "42") for _ in range(MAX_REPLIES_PER_HOUR + 1)]
+    assert lost.lost == MAX_REPLIES_PER_HOUR
+    assert [a.reply for a in answers] == [True] * MAX_REPLIES_PER_HOUR + [False]
+
+
+async def test_a_flood_keeps_the_reply_count_bounded(store: PairingStore, keys: Keys, clock: Clock,
+                                                     redis_client: aioredis.Redis) -> None:
+    for _ in range(50):
+        await store.challenge("telegram", "42", "Ann", "42")
+    replied = keys.pairing_replied("telegram", "42", str(int(clock.now // 3600)))
+    assert await redis_client.scard(replied) == MAX_REPLIES_PER_HOUR
+    assert 0 < await redis_client.ttl(replied) <= 2 * 3600
+
+
 async def test_a_strangers_name_cannot_drive_the_owners_terminal(store: PairingStore) -> None:
     await store.challenge("telegram", "42", "Eve\x1b]0;pwned\x07\x1b[2J" + "x" * 500, "42")
     [request] = await store.pending()
