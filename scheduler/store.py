@@ -244,6 +244,17 @@ class RunNowQueue:
 REMOVED_LEDGER_TTL_S = 7 * 86400
 _MAX_WATCH_RETRIES = 50
 
+# A new job and its index entry in one step, so a job is never stored unlisted (never
+# scheduled). 0 when another job holds the id; a step sent again after its reply was lost
+# finds its own job there and is still the add.
+_ADD = """
+local current = redis.call('GET', KEYS[1])
+if current and current ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SADD', KEYS[2], ARGV[2])
+return 1
+"""
+
 
 class JobStore:
     """add / get / list / remove / update cron jobs; each change is announced."""
@@ -254,6 +265,7 @@ class JobStore:
         self._keys = keys
         self.ledger = RunLedger(redis, keys)
         self.run_now_queue = RunNowQueue(redis, keys)
+        self._add = redis.register_script(_ADD)
 
     def job_key(self, job_id: str) -> str:
         return self._keys.cron_job(job_id)
@@ -269,10 +281,8 @@ class JobStore:
     async def add(self, job: CronJob) -> CronJob:
         """Store a new job; DuplicateJobError when the id is taken."""
         job = self._sealed(job)
-        created = await self._redis.set(self.job_key(job.id), job.model_dump_json(), nx=True)
-        if not created:
+        if not await self._add(keys=[self.job_key(job.id), self.index_key], args=[job.model_dump_json(), job.id]):
             raise DuplicateJobError(job.id)
-        await self._redis.sadd(self.index_key, job.id)
         await self.publish("upsert", job.id)
         return job
 
@@ -304,15 +314,17 @@ class JobStore:
         return jobs
 
     async def remove(self, job_id: str) -> bool:
-        """Delete the job; its ledger is kept for a week. False when there was no such job."""
+        """Delete the job; its ledger is kept for a week. False when there was no such job
+        (read first: a delete sent again after a lost reply finds nothing left to delete)."""
+        existed = await self._redis.exists(self.job_key(job_id))
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.delete(self.job_key(job_id))
             pipe.srem(self.index_key, job_id)
             deleted, _ = await pipe.execute()
         await self.ledger.expire(job_id, REMOVED_LEDGER_TTL_S)
-        if deleted:
+        if existed or deleted:
             await self.publish("remove", job_id)
-        return bool(deleted)
+        return bool(existed or deleted)
 
     async def update(self, job_id: str, change: Callable[[CronJob], CronJob]) -> CronJob | None:
         """Apply ``change`` atomically (optimistic WATCH, retried on conflict).

@@ -207,6 +207,25 @@ async def test_claims_retried_after_a_lost_reply_are_still_ours(
     assert await claims.acquire_running("daily", 30) is not None
 
 
+async def test_a_job_added_again_after_a_lost_reply_is_added_and_listed(
+    store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Read as a duplicate, the add would fail with the job stored but never listed (so
+    # never scheduled), and the chat told its reminder was not set.
+    store = JobStore(store_client, Keys(redis_prefix))
+    lost = LostReplies(monkeypatch, ":cron:job:daily", 1)
+    await store.add(job("daily"))
+    assert lost.lost == 1
+    assert await store.ids() == ["daily"]
+    with pytest.raises(DuplicateJobError):  # another job under the id is still refused
+        await store.add(job("daily", prompt="something else"))
+    lost = LostReplies(monkeypatch, ":cron:job:daily", 1, commands=("DEL", "MULTI", "EXEC"))
+    assert await store.remove("daily"), "a removed job would read as never there"
+    assert lost.lost == 1
+    assert await store.ids() == [] and await store.get("daily") is None
+    assert not await store.remove("daily")
+
+
 async def test_run_now_requests_sent_again_after_a_lost_reply_run_once(
     store_client: aioredis.Redis, redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
