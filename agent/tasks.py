@@ -136,8 +136,9 @@ class Slots:
             except asyncio.CancelledError:
                 if handed.done() and not handed.cancelled():
                     self.give()  # handed a slot just as it was cancelled: pass it on
-                with contextlib.suppress(ValueError):
-                    self._waiting.remove(handed)
+                else:
+                    with contextlib.suppress(ValueError):  # a give() may have dropped it already
+                        self._waiting.remove(handed)
                 raise
 
     def give(self) -> None:

@@ -143,6 +143,7 @@ class Workers:
         claim's worker's, or given back by :meth:`claim_returned`."""
         if (
             self._closing or session_key in self.tasks or session_key in self._claiming
+            # Workers kicked but not yet waiting for a slot count too: they are served first.
             or len(self.tasks) + len(self._claiming) >= self.cfg.gateway.max_concurrent_runs
             or not self._slots.take_now()
         ):

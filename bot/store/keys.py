@@ -40,6 +40,10 @@ class Keys:
         """A SCAN/KEYS match pattern for one family."""
         return f"{self.key(family)}:*"
 
+    def every_key(self) -> str:
+        """A SCAN/KEYS match pattern for every key under this prefix."""
+        return f"{self._prefix}:*"
+
     # Sessions (bot.store.sessions).
     def session_messages(self, session_key: str) -> str:
         return self.key("session", session_key, "messages")

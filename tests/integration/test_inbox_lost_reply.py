@@ -77,9 +77,9 @@ async def test_an_empty_take_sent_again_leaves_nothing_behind(
     inbox = Inbox(store_client, redis_prefix)
     LostReplies(monkeypatch, ":inbox:", 1, commands=SCRIPTS)
     assert await inbox.take(dm_session()) == []
-    before = set(await store_client.keys(f"{redis_prefix}:*"))
+    before = set(await store_client.keys(Keys(redis_prefix).every_key()))
     assert await inbox.take(dm_session()) == []
-    assert set(await store_client.keys(f"{redis_prefix}:*")) == before
+    assert set(await store_client.keys(Keys(redis_prefix).every_key())) == before
 
 
 @pytest.mark.parametrize("dedupe_key", [None, "telegram:update:7"])

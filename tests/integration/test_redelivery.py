@@ -60,7 +60,13 @@ def texts(h: TelegramHarness) -> list[str]:
     return [m.text for m in h.fake.sent_messages(42)]
 
 
-async def fail_a_reply(ch: TelegramChannel, ledger: DeliveryLedger, worker: Redelivery, run_id: str) -> None:
+async def fail_a_reply(
+    h: TelegramHarness, ch: TelegramChannel, ledger: DeliveryLedger, worker: Redelivery, run_id: str, *,
+    failing_sends: int = SEND_ATTEMPTS, code: int = 500, description: str = "Internal Server Error",
+) -> None:
+    """A reply whose immediate tries fail (``failing_sends`` sends in all fail), so its part
+    goes to ``worker``."""
+    h.fake.fail_next("sendMessage", code=code, description=description, times=failing_sends)
     reply = Reply(ch, DM, run_id, ledger, kind="chat", previews=False, redelivery=worker)
     assert await reply.finish("The answer") == "failed"
 
@@ -70,8 +76,7 @@ async def test_a_failed_part_is_delivered_later_once_by_whichever_replica_is_up(
 ) -> None:
     clock = Clock()
     first = redelivery(redis_client, redis_prefix, ch, ledger, clock)
-    h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
-    await fail_a_reply(ch, ledger, first, "run-later")
+    await fail_a_reply(h, ch, ledger, first, "run-later")
     assert texts(h) == []
     assert await first.run_due() == 0  # not due yet
     assert (await ledger.states("run-later"))["0"].startswith("failed:")
@@ -96,8 +101,7 @@ async def test_a_claim_sent_again_after_its_reply_was_lost_is_still_this_replica
     # Read as another replica's lease, the part would wait out the lease (3 minutes).
     clock = Clock()
     worker = redelivery(store_client, redis_prefix, ch, ledger, clock)
-    h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
-    await fail_a_reply(ch, ledger, worker, "run-claim-lost")
+    await fail_a_reply(h, ch, ledger, worker, "run-claim-lost")
     clock.now += 6
     lost = LostReplies(monkeypatch, "redelivery", 1, commands=("EVAL",))
     assert await worker.run_due() == 1
@@ -115,8 +119,8 @@ async def test_a_part_failing_for_the_whole_window_is_given_up_counted_and_the_c
     given_up = metrics.DELIVERIES.labels("telegram", "given_up")._value.get()
     # The reply, then the retries at +30 s and +60 s (the end of the window) fail; the
     # platform is back just in time for the notice.
-    h.fake.fail_next("sendMessage", code=502, description="Bad Gateway", times=3 * SEND_ATTEMPTS)
-    await fail_a_reply(ch, ledger, worker, "run-lost")
+    await fail_a_reply(h, ch, ledger, worker, "run-lost", failing_sends=3 * SEND_ATTEMPTS, code=502,
+                       description="Bad Gateway")
     attempts = 0
     while await worker.pending():
         clock.now += 30
@@ -136,8 +140,7 @@ async def test_a_part_whose_sender_died_mid_send_is_never_sent_again(
 ) -> None:
     clock = Clock()
     worker = redelivery(redis_client, redis_prefix, ch, ledger, clock)
-    h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
-    await fail_a_reply(ch, ledger, worker, "run-died")
+    await fail_a_reply(h, ch, ledger, worker, "run-died")
     await ledger.mark("run-died", "0", "resending")  # a worker claimed it and was SIGKILLed while sending
     clock.now += 600
     assert await worker.run_due() == 1
@@ -168,8 +171,7 @@ async def test_a_redelivery_whose_answer_was_lost_is_given_up_unknown(
 ) -> None:
     clock = Clock()
     worker = redelivery(redis_client, redis_prefix, ch, ledger, clock)
-    h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
-    await fail_a_reply(ch, ledger, worker, "run-retry-lost")
+    await fail_a_reply(h, ch, ledger, worker, "run-retry-lost")
     h.fake.drop_next("sendMessage", after_effect=True)
     clock.now += 6
     assert await worker.run_due() == 1
@@ -196,8 +198,7 @@ async def test_an_idle_worker_waits_long_yet_takes_a_part_deferred_here_at_once(
     try:
         while not worker._queue_empty:  # its first look found nothing: the long wait begins
             await asyncio.sleep(0.01)
-        h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
-        await fail_a_reply(ch, ledger, worker, "run-woken")
+        await fail_a_reply(h, ch, ledger, worker, "run-woken")
         await eventually_sent(h)  # long before the 120 s wait would have ended
     finally:
         await worker.stop()
@@ -213,8 +214,7 @@ async def test_an_idle_worker_still_takes_over_a_part_another_replica_left(
         while not idle._queue_empty:
             await asyncio.sleep(0.01)
         gone = Redelivery(redis_client, keys, {"telegram": ch}, ledger, first_delay_s=0)  # never started: it died
-        h.fake.fail_next("sendMessage", code=500, description="Internal Server Error", times=SEND_ATTEMPTS)
-        await fail_a_reply(ch, ledger, gone, "run-orphan")
+        await fail_a_reply(h, ch, ledger, gone, "run-orphan")
         await eventually_sent(h)
     finally:
         await idle.stop()

@@ -179,15 +179,20 @@ async def test_claims_and_last_fire(redis_client: aioredis.Redis, redis_prefix: 
     assert await claims.last_fire("daily") is None
 
 
+async def held_until_released(claims: FireClaims, token: str) -> None:
+    """The running marker ``token`` holds: no other is taken until it is released."""
+    assert await claims.acquire_running("daily", 30) is None
+    await claims.release_running("daily", token)
+    assert await claims.acquire_running("daily", 30) is not None
+
+
 async def test_running_marker_belongs_to_its_holder(redis_client: aioredis.Redis, redis_prefix: str) -> None:
     claims = FireClaims(redis_client, Keys(redis_prefix), OwnedKeys(redis_client))
     token = await claims.acquire_running("daily", 30)
     assert token is not None
     assert await claims.acquire_running("daily", 30) is None
     await claims.release_running("daily", "someone-else")
-    assert await claims.acquire_running("daily", 30) is None
-    await claims.release_running("daily", token)
-    assert await claims.acquire_running("daily", 30) is not None
+    await held_until_released(claims, token)
 
 
 async def test_claims_retried_after_a_lost_reply_are_still_ours(
@@ -202,9 +207,7 @@ async def test_claims_retried_after_a_lost_reply_are_still_ours(
     LostReplies(monkeypatch, ":cron:running:", 1)
     token = await claims.acquire_running("daily", 30)
     assert token is not None, "the run would be skipped as overlapping itself"
-    assert await claims.acquire_running("daily", 30) is None
-    await claims.release_running("daily", token)
-    assert await claims.acquire_running("daily", 30) is not None
+    await held_until_released(claims, token)
 
 
 async def test_a_job_added_again_after_a_lost_reply_is_added_and_listed(
